@@ -1,0 +1,282 @@
+"""Typed domain objects: what the policy reads about a Kueue + HAMi cluster.
+
+Everything here is pure data. Kubernetes objects are turned into these by
+`controller.parse`; the policy (`controller.policy`) only ever sees these.
+Quantities are exact `Decimal`s in canonical units (cores, bytes, GPUs, percent).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from types import MappingProxyType
+
+# HAMi / NVIDIA resource names (HAMi chart defaults).
+GPU = "nvidia.com/gpu"
+GPUCORES = "nvidia.com/gpucores"
+GPUMEM = "nvidia.com/gpumem"
+GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"
+CPU = "cpu"
+MEMORY = "memory"
+
+# Annotation keys this project reads or owns.
+ANNOTATION_PREFIX = "wdrf.x-k8s.io/"
+URGENT_ANNOTATION = ANNOTATION_PREFIX + "urgent"
+APPROVED_ANNOTATION = ANNOTATION_PREFIX + "approved"
+PRIORITY_OVERRIDE_ANNOTATION = ANNOTATION_PREFIX + "priority-override"
+SCHEDULING_POLICY_ANNOTATION = ANNOTATION_PREFIX + "scheduling-policy"
+GPU_FRACTION_ANNOTATION = ANNOTATION_PREFIX + "gpu-fraction"
+BASE_PRIORITY_ANNOTATION = ANNOTATION_PREFIX + "base-priority"
+GPU_INVENTORY_ANNOTATION = ANNOTATION_PREFIX + "gpu-inventory"
+KUEUE_PRIORITY_BOOST_ANNOTATION = "kueue.x-k8s.io/priority-boost"
+HAMI_NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
+HAMI_GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
+HAMI_NODE_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+
+EMPTY_MAPPING: Mapping[str, str] = MappingProxyType({})
+
+
+def _no_strings() -> Mapping[str, str]:
+    return EMPTY_MAPPING
+
+Resources = Mapping[str, Decimal]
+"""A resource vector: resource name -> exact quantity (cores, bytes, GPUs, percent)."""
+
+
+def frozen_resources(values: Mapping[str, Decimal] | None = None) -> Resources:
+    """A read-only copy, so snapshots stay immutable."""
+    return MappingProxyType(dict(values or {}))
+
+
+class PriorityClass(enum.Enum):
+    """Priority classes, highest first; set by annotations admins and team leads own."""
+
+    URGENT = "urgent"
+    APPROVED = "approved"
+    NORMAL = "normal"
+
+
+class KueueApiVersion(enum.Enum):
+    V1BETA1 = "kueue.x-k8s.io/v1beta1"
+    V1BETA2 = "kueue.x-k8s.io/v1beta2"
+
+
+class TeamSource(enum.Enum):
+    """What identifies a workload's team."""
+
+    NAMESPACE = "namespace"
+    LABEL = "label"
+    LOCAL_QUEUE = "localqueue"
+
+
+class CapacitySource(enum.Enum):
+    AGENT = "agent"  # wdrf.x-k8s.io/gpu-inventory written by the node agent
+    HAMI = "hami"  # hami.io/node-nvidia-register
+    QUOTA = "quota"  # ClusterQueue nominal quotas
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """Names one Kubernetes object in messages, Events and patches."""
+
+    kind: str
+    name: str
+    namespace: str = ""
+    uid: str = ""
+    api_version: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind} {where}"
+
+
+@dataclass(frozen=True, slots=True)
+class InputProblem:
+    """Bad input found while parsing or deciding: reported, never fatal to the loop."""
+
+    object: ObjectRef | None
+    field: str
+    value: str
+    message: str
+
+    def __str__(self) -> str:
+        where = str(self.object) if self.object else "input"
+        return f"{where}: {self.field}={self.value!r}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    name: str
+    # Effective per-container request (limits first, then requests, as HAMi reads them).
+    resources: Resources
+
+
+@dataclass(frozen=True, slots=True)
+class PodSet:
+    name: str
+    count: int
+    containers: tuple[Container, ...]
+    annotations: Mapping[str, str] = field(default_factory=_no_strings)  # pod template annotations
+
+    def per_pod(self) -> Resources:
+        total: dict[str, Decimal] = {}
+        for c in self.containers:
+            for r, q in c.resources.items():
+                total[r] = total.get(r, Decimal(0)) + q
+        return frozen_resources(total)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """`status.admission`: what Kueue actually reserved."""
+
+    cluster_queue: str
+    usage: Resources  # summed over pod sets (resourceUsage, already × count)
+    flavors: Mapping[str, str] = field(default_factory=_no_strings)  # resource -> flavor
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    namespace: str
+    name: str
+    uid: str
+    api_version: KueueApiVersion
+    queue_name: str
+    created: datetime
+    pod_sets: tuple[PodSet, ...]
+    priority: int | None = None  # spec.priority as Kueue has it now
+    priority_class_name: str | None = None
+    active: bool = True
+    quota_reserved: bool = False
+    admitted: bool = False
+    finished: bool = False
+    admission: Admission | None = None
+    labels: Mapping[str, str] = field(default_factory=_no_strings)
+    annotations: Mapping[str, str] = field(default_factory=_no_strings)
+    owner: ObjectRef | None = None  # controller owner (a batch/v1 Job, or None for pod groups)
+    resource_version: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def ref(self) -> ObjectRef:
+        return ObjectRef(
+            "Workload", self.name, self.namespace, self.uid, self.api_version.value
+        )
+
+    @property
+    def pending(self) -> bool:
+        """Kueue's meaning: no QuotaReserved=True and no Finished=True (there is no Pending type)."""
+        return not self.quota_reserved and not self.finished
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """The owner batch/v1 Job of a Workload: users put class annotations here."""
+
+    namespace: str
+    name: str
+    uid: str
+    annotations: Mapping[str, str] = field(default_factory=_no_strings)
+    labels: Mapping[str, str] = field(default_factory=_no_strings)
+    suspended: bool = True
+    ever_started: bool = False  # status.startTime set at any time
+    template_annotations: Mapping[str, str] = field(default_factory=_no_strings)
+    containers: tuple[Container, ...] = ()
+    resource_version: str = ""
+
+    @property
+    def ref(self) -> ObjectRef:
+        return ObjectRef("Job", self.name, self.namespace, self.uid, "batch/v1")
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceQuota:
+    flavor: str
+    resource: str
+    nominal: Decimal
+    borrowing_limit: Decimal | None = None
+    lending_limit: Decimal | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    within_cluster_queue: str = "Never"
+    reclaim_within_cohort: str = "Never"
+    borrow_within_cohort: str = "Never"
+
+    @property
+    def can_evict(self) -> bool:
+        return self.within_cluster_queue != "Never" or self.reclaim_within_cohort != "Never"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterQueue:
+    name: str
+    api_version: KueueApiVersion
+    quotas: tuple[ResourceQuota, ...] = ()
+    cohort: str | None = None
+    queueing_strategy: str = "BestEffortFIFO"
+    preemption: Preemption = field(default_factory=Preemption)
+    fair_sharing_weight: Decimal | None = None
+    admission_fair_sharing: bool = False  # admissionScope.admissionMode == UsageBasedAdmissionFairSharing
+
+    def nominal(self) -> Resources:
+        total: dict[str, Decimal] = {}
+        for q in self.quotas:
+            total[q.resource] = total.get(q.resource, Decimal(0)) + q.nominal
+        return frozen_resources(total)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalQueue:
+    namespace: str
+    name: str
+    cluster_queue: str
+    fair_sharing_weight: Decimal | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One physical GPU as HAMi or the node agent reports it."""
+
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    split_count: int = 10
+    cores: int = 100
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInventory:
+    node: str
+    source: CapacitySource
+    gpus: tuple[GpuDevice, ...]
+    observed: datetime | None = None  # agent timestamp; None for HAMi's annotation
+
+    @property
+    def healthy_gpus(self) -> int:
+        return sum(1 for g in self.gpus if g.healthy)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """Everything one policy cycle reads. Immutable: same snapshot + clock -> same plan."""
+
+    workloads: tuple[Workload, ...] = ()
+    cluster_queues: tuple[ClusterQueue, ...] = ()
+    local_queues: tuple[LocalQueue, ...] = ()
+    jobs: tuple[JobInfo, ...] = ()
+    nodes: tuple[NodeInventory, ...] = ()
+    problems: tuple[InputProblem, ...] = ()  # objects that could not be parsed at all
