@@ -12,6 +12,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: requirements-dev.lock pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.lock
+	$(PY) -m pip install -q --disable-pip-version-check "setuptools>=70.1"
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
