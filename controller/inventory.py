@@ -382,23 +382,63 @@ def _problem(
     )
 
 
-def _agent_inventory(
-    ref: ObjectRef, text: str, now: datetime, max_age: timedelta, hami: Mapping[str, GpuDevice]
+def _not_a_string(ref: ObjectRef, annotation: str, value: object) -> InputProblem:
+    return InputProblem(ref, _field_name(annotation), repr(value), "not a string; not used")
+
+
+def _hami_source(
+    ref: ObjectRef, annotations: Mapping[str, Any]
 ) -> tuple[NodeInventory | None, InputProblem | None]:
+    text = annotations.get(HAMI_NODE_REGISTER_ANNOTATION)
+    if text is None:
+        return None, None
+    if not isinstance(text, str):
+        return None, _not_a_string(ref, HAMI_NODE_REGISTER_ANNOTATION, text)
+    try:
+        devices = parse_hami_register(text)
+    except InventoryFormatError as e:
+        what = "unreadable HAMi GPU register; not used"
+        return None, _problem(ref, HAMI_NODE_REGISTER_ANNOTATION, text, e, what)
+    return NodeInventory(ref.name, CapacitySource.HAMI, devices, None), None
+
+
+def _agent_source(
+    ref: ObjectRef, annotations: Mapping[str, Any], hami: NodeInventory | None
+) -> tuple[NodeInventory | None, InputProblem | None]:
+    text = annotations.get(GPU_INVENTORY_ANNOTATION)
+    if text is None:
+        return None, None
+    if not isinstance(text, str):
+        return None, _not_a_string(ref, GPU_INVENTORY_ANNOTATION, text)
     try:
         inv = decode_agent_inventory(text)
     except InventoryFormatError as e:
-        return None, _problem(
-            ref,
-            GPU_INVENTORY_ANNOTATION,
-            text,
-            e,
-            "unreadable GPU inventory from the node agent; not used",
-        )
+        what = "unreadable GPU inventory from the node agent; not used"
+        return None, _problem(ref, GPU_INVENTORY_ANNOTATION, text, e, what)
+    by_uuid = {d.uuid: d for d in hami.gpus} if hami else {}
+
+    def device(g: AgentGpu) -> GpuDevice:
+        h = by_uuid.get(g.uuid)
+        return g.device(h.split_count, h.cores) if h else g.device()
+
+    gpus = tuple(device(g) for g in inv.gpus)
+    return NodeInventory(ref.name, CapacitySource.AGENT, gpus, inv.observed), None
+
+
+def freshness_problem(
+    inv: NodeInventory, now: datetime, max_age: timedelta = DEFAULT_MAX_AGE
+) -> InputProblem | None:
+    """Why an agent inventory must not be used (stale, or far in the future); None if fresh.
+
+    HAMi inventories carry no timestamp and are always "fresh".
+    """
+    if inv.source is not CapacitySource.AGENT or inv.observed is None:
+        return None
+    ref = ObjectRef("Node", inv.node, api_version="v1")
     field_name = _field_name(GPU_INVENTORY_ANNOTATION, "$.observed")
-    age = _aware(now) - inv.observed
+    age = _aware(now) - _aware(inv.observed)
     if age > max_age:
-        return None, InputProblem(
+        return InputProblem(
             ref,
             field_name,
             _format_time(inv.observed),
@@ -406,19 +446,13 @@ def _agent_inventory(
             f"{_human(max_age)}): is the node agent running? not used",
         )
     if -age > max_age:
-        return None, InputProblem(
+        return InputProblem(
             ref,
             field_name,
             _format_time(inv.observed),
             f"GPU inventory is {_human(-age)} in the future: clock skew; not used",
         )
-
-    def device(g: AgentGpu) -> GpuDevice:
-        h = hami.get(g.uuid)
-        return g.device(h.split_count, h.cores) if h else g.device()
-
-    gpus = tuple(device(g) for g in inv.gpus)
-    return NodeInventory(ref.name, CapacitySource.AGENT, gpus, inv.observed), None
+    return None
 
 
 def _aware(ts: datetime) -> datetime:
@@ -434,66 +468,39 @@ def _human(delta: timedelta) -> str:
     return f"{seconds // 3600}h"
 
 
-def parse_node_inventory(
-    node: Mapping[str, Any], now: datetime, max_age: timedelta = DEFAULT_MAX_AGE
-) -> tuple[NodeInventory | None, list[InputProblem]]:
-    """The node's GPU inventory from its best usable annotation, plus what was wrong on the way.
+def parse_node_sources(
+    node: Mapping[str, Any],
+) -> tuple[tuple[NodeInventory, ...], list[InputProblem]]:
+    """Every inventory the Node's annotations decode to (agent first, then HAMi), unselected.
 
-    ``None`` means neither annotation is usable (the caller falls back to quotas). When both
-    annotations are present, the agent's GPUs keep HAMi's split count and cores per UUID.
+    For callers that keep both per node and choose later (``controller.accounting`` picks a
+    fresh agent inventory, else HAMi's). No freshness check here: see ``freshness_problem``.
     """
     problems: list[InputProblem] = []
     ref, annotations = _node_ref(node)
     if ref.name == "<unnamed>":
         problems.append(InputProblem(ref, "metadata.name", "", "Node without a name"))
+    hami, hami_problem = _hami_source(ref, annotations)
+    agent, agent_problem = _agent_source(ref, annotations, hami)
+    problems.extend(p for p in (agent_problem, hami_problem) if p is not None)
+    return tuple(i for i in (agent, hami) if i is not None), problems
 
-    hami_text = annotations.get(HAMI_NODE_REGISTER_ANNOTATION)
-    hami: tuple[GpuDevice, ...] | None = None
-    if hami_text is not None:
-        if not isinstance(hami_text, str):
-            problems.append(
-                InputProblem(
-                    ref,
-                    _field_name(HAMI_NODE_REGISTER_ANNOTATION),
-                    repr(hami_text),
-                    "not a string; not used",
-                )
-            )
-        else:
-            try:
-                hami = parse_hami_register(hami_text)
-            except InventoryFormatError as e:
-                problems.append(
-                    _problem(
-                        ref,
-                        HAMI_NODE_REGISTER_ANNOTATION,
-                        hami_text,
-                        e,
-                        "unreadable HAMi GPU register; not used",
-                    )
-                )
 
-    agent_text = annotations.get(GPU_INVENTORY_ANNOTATION)
-    if agent_text is not None:
-        if not isinstance(agent_text, str):
-            problems.append(
-                InputProblem(
-                    ref,
-                    _field_name(GPU_INVENTORY_ANNOTATION),
-                    repr(agent_text),
-                    "not a string; not used",
-                )
-            )
-        else:
-            by_uuid = {d.uuid: d for d in hami or ()}
-            inv, problem = _agent_inventory(ref, agent_text, now, max_age, by_uuid)
-            if problem:
-                problems.append(problem)
-            if inv is not None:
-                return inv, problems
+def parse_node_inventory(
+    node: Mapping[str, Any], now: datetime, max_age: timedelta = DEFAULT_MAX_AGE
+) -> tuple[NodeInventory | None, list[InputProblem]]:
+    """The node's GPU inventory from its best usable annotation, plus what was wrong on the way.
 
-    if hami is not None:
-        return NodeInventory(ref.name, CapacitySource.HAMI, hami, None), problems
+    The agent's inventory when it decodes and is fresh, else HAMi's register; ``None`` means
+    neither is usable (the caller falls back to quotas). When both annotations are present, the
+    agent's GPUs keep HAMi's split count and cores per UUID.
+    """
+    found, problems = parse_node_sources(node)
+    for inv in found:
+        stale = freshness_problem(inv, now, max_age)
+        if stale is None:
+            return inv, problems
+        problems.append(stale)
     return None, problems
 
 

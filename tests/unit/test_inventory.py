@@ -23,11 +23,13 @@ from controller.inventory import (
     MigInstance,
     decode_agent_inventory,
     encode_agent_inventory,
+    freshness_problem,
     gpu_capacity,
     gpumem_fraction,
     parse_hami_register,
     parse_node_inventories,
     parse_node_inventory,
+    parse_node_sources,
     resolve_gpu_capacity,
     summarize_capacity,
 )
@@ -418,6 +420,20 @@ def test_unhealthy_agent_gpus_do_not_count() -> None:
     assert len(inv.gpus) == 8
     assert inv.healthy_gpus == 6
     assert gpu_capacity([inv]) == Decimal(6)
+
+
+def test_parse_node_sources_keeps_both_for_accounting_to_choose() -> None:
+    old = NOW - timedelta(hours=3)
+    n = with_anns(
+        "gpu-1", agent_ann(encode_agent_inventory(inventory(2, old))), hami_ann(HAMI_JSON)
+    )
+    found, problems = parse_node_sources(n)
+    assert problems == []
+    assert [i.source for i in found] == [CapacitySource.AGENT, CapacitySource.HAMI]
+    assert found[0].observed == old and found[1].observed is None
+    stale = freshness_problem(found[0], NOW, MAX_AGE)
+    assert stale is not None and "3h old" in stale.message
+    assert freshness_problem(found[1], NOW, MAX_AGE) is None  # HAMi has no timestamp
 
 
 # ------------------------------------------------------------------ capacity
