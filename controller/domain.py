@@ -134,7 +134,7 @@ class Admission:
     """`status.admission`: what Kueue actually reserved."""
 
     cluster_queue: str
-    usage: Resources  # summed over pod sets (resourceUsage, already × count)
+    usage: Resources  # summed over pod sets (resourceUsage, already x count)
     flavors: Mapping[str, str] = field(default_factory=_no_strings)  # resource -> flavor
 
 
@@ -171,7 +171,7 @@ class Workload:
 
     @property
     def pending(self) -> bool:
-        """Kueue's meaning: no QuotaReserved=True and no Finished=True (there is no Pending type)."""
+        """Kueue's meaning: no QuotaReserved=True and no Finished=True (no Pending type)."""
         return not self.quota_reserved and not self.finished
 
 
@@ -224,7 +224,8 @@ class ClusterQueue:
     queueing_strategy: str = "BestEffortFIFO"
     preemption: Preemption = field(default_factory=Preemption)
     fair_sharing_weight: Decimal | None = None
-    admission_fair_sharing: bool = False  # admissionScope.admissionMode == UsageBasedAdmissionFairSharing
+    # admissionScope.admissionMode == UsageBasedAdmissionFairSharing
+    admission_fair_sharing: bool = False
 
     def nominal(self) -> Resources:
         total: dict[str, Decimal] = {}

@@ -9,10 +9,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from datetime import datetime
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from controller.domain import InputProblem, PriorityClass, Resources
+
+if TYPE_CHECKING:
+    from controller.accounting import UsageHistory
 
 
 class PriorityMode(enum.Enum):
@@ -56,6 +60,9 @@ class HamiDecision:
     gpucores: int | None = None  # from wdrf.x-k8s.io/gpu-fraction
     gpumem_percentage: int | None = None
     reason: str = ""  # where each value came from
+    # Human-readable differences from what the pod template has now ("key: old -> new");
+    # empty when applying the decision would change nothing.
+    changes: tuple[str, ...] = ()
 
     @property
     def annotations(self) -> Mapping[str, str]:
@@ -97,3 +104,6 @@ class Plan:
     teams: Mapping[str, TeamShare] = field(default_factory=lambda: MappingProxyType({}))
     problems: tuple[InputProblem, ...] = ()
     warnings: tuple[str, ...] = ()  # e.g. ClusterQueues where boosts can preempt or AFS reorders
+    # Decayed usage after this cycle (controller.accounting.UsageHistory); the live controller
+    # stores it and passes it to the next compute_plan. None when USAGE_HALF_LIFE is 0.
+    history: UsageHistory | None = None

@@ -1,0 +1,565 @@
+"""Typed, validated settings: config.yaml, then environment variables, then CLI flags.
+
+Every key is one `setting(...)` line on `Settings` (name, default, parser, help): adding a key is
+a one-line change here plus its commented entry in config.yaml. Loading collects every error
+(key, value, why) and raises them together in one `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from controller.domain import (
+    CPU,
+    GPU,
+    GPUCORES,
+    GPUMEM_PERCENTAGE,
+    MEMORY,
+    PriorityClass,
+    TeamSource,
+)
+from controller.plan import PriorityMode
+
+# Policy output range. Kueue priorities are int32; the boost stays well inside so base + boost
+# cannot overflow for any sane base (WorkloadPriorityClass values are usually < 1e6).
+MAX_BOOST = 1_000_000_000
+MAX_OVERRIDE = 1_000_000_000  # wdrf.x-k8s.io/priority-override accepts 0..MAX_OVERRIDE
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+NODE_POLICIES = ("binpack", "spread")
+GPU_POLICIES_BASE = ("binpack", "spread", "topology-aware")  # HAMi v2.7+
+GPU_POLICIES_2_10 = ("mutex", "numa")  # HAMi v2.10+, also chainable: "binpack,numa"
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class ConfigError(Exception):
+    """All configuration errors found at once."""
+
+    def __init__(self, issues: list[tuple[str, str, str]]) -> None:
+        self.issues = issues
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"{len(self.issues)} configuration error(s):"]
+        lines += [f"  {key}={value}: {why}" for key, value, why in self.issues]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Value parsers: raw value (YAML-typed, or a string from env/CLI) -> typed value, or ValueError.
+
+
+def _from_text(raw: object) -> object:
+    """Env vars and CLI flags are strings; read them as YAML scalars/mappings."""
+    if isinstance(raw, str):
+        try:
+            return yaml.safe_load(raw) if raw.strip() else raw
+        except yaml.YAMLError as exc:
+            raise ValueError(f"not valid YAML/JSON: {exc}") from exc
+    return raw
+
+
+def p_str(raw: object) -> str:
+    if raw is None:
+        return ""
+    if not isinstance(raw, str | int | float) or isinstance(raw, bool):
+        raise ValueError("expected a string")
+    return str(raw)
+
+
+def p_bool(raw: object) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str) and raw.strip().lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(raw, str) and raw.strip().lower() in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _number(raw: object) -> float:
+    value = _from_text(raw)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("expected a number")
+    f = float(value)
+    if not math.isfinite(f):
+        raise ValueError("expected a finite number")
+    return f
+
+
+def p_nonneg_float(raw: object) -> float:
+    f = _number(raw)
+    if f < 0:
+        raise ValueError("must be >= 0")
+    return f
+
+
+def p_pos_int(raw: object) -> int:
+    f = _number(raw)
+    if f != int(f) or f < 1:
+        raise ValueError("expected a positive integer")
+    return int(f)
+
+
+def p_nonneg_int(raw: object) -> int:
+    f = _number(raw)
+    if f != int(f) or f < 0:
+        raise ValueError("expected an integer >= 0")
+    return int(f)
+
+
+def p_port(raw: object) -> int:
+    n = p_nonneg_int(raw)
+    if n > 65535:
+        raise ValueError("port must be 0..65535 (0 = off)")
+    return n
+
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def p_duration(raw: object) -> float:
+    """Seconds: a number, or a string like 300, 90s, 5m, 2h, 7d."""
+    if isinstance(raw, str):
+        m = _DURATION.match(raw)
+        if m is None:
+            raise ValueError("expected a duration: seconds, or e.g. 90s, 5m, 2h, 7d")
+        return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    return p_nonneg_float(raw)
+
+
+def _choice(*options: str) -> Callable[[object], str]:
+    def parse(raw: object) -> str:
+        if not isinstance(raw, str) or raw.strip().lower() not in options:
+            raise ValueError(f"expected one of {', '.join(options)}")
+        return raw.strip().lower()
+
+    return parse
+
+
+def p_priority_mode(raw: object) -> PriorityMode:
+    return PriorityMode(_choice(*(m.value for m in PriorityMode))(raw))
+
+
+def p_team_source(raw: object) -> TeamSource:
+    return TeamSource(_choice(*(t.value for t in TeamSource))(raw))
+
+
+def p_log_level(raw: object) -> str:
+    if not isinstance(raw, str) or raw.strip().upper() not in LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+    return raw.strip().upper()
+
+
+def _mapping(raw: object) -> Mapping[object, object]:
+    value = _from_text(raw)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError("expected a mapping (YAML or JSON object)")
+    return value
+
+
+def p_weights(raw: object) -> Mapping[str, float]:
+    out: dict[str, float] = {}
+    for k, v in _mapping(raw).items():
+        if not isinstance(k, str) or not k:
+            raise ValueError(f"key {k!r} must be a non-empty string")
+        try:
+            w = _number(v)
+        except ValueError as exc:
+            raise ValueError(f"{k}: {exc}") from None
+        if w < 0:
+            raise ValueError(f"{k}: weight must be >= 0")
+        out[k] = w
+    return MappingProxyType(out)
+
+
+def p_team_weights(raw: object) -> Mapping[str, float]:
+    out = p_weights(raw)
+    for k, w in out.items():
+        if w <= 0:
+            raise ValueError(f"{k}: team weight must be > 0")
+    return out
+
+
+def p_priority_weights(raw: object) -> Mapping[str, int]:
+    given = _mapping(raw)
+    names = [c.value for c in PriorityClass]
+    out: dict[str, int] = {}
+    for k, v in given.items():
+        if k not in names:
+            raise ValueError(f"unknown class {k!r} (expected {', '.join(names)})")
+        try:
+            out[str(k)] = p_nonneg_int(v)
+        except ValueError as exc:
+            raise ValueError(f"{k}: {exc}") from None
+    missing = [n for n in names if n not in out]
+    if missing:
+        raise ValueError(f"missing class(es): {', '.join(missing)}")
+    return MappingProxyType(out)
+
+
+def p_resource_weights(raw: object) -> Mapping[str, float]:
+    out = p_weights(raw)
+    if not out:
+        raise ValueError("at least one resource needs a weight")
+    return out
+
+
+def p_node_policy(raw: object) -> str:
+    value = p_str(raw).strip()
+    if value and value not in NODE_POLICIES:
+        raise ValueError(f"expected empty or one of {', '.join(NODE_POLICIES)}")
+    return value
+
+
+def p_gpu_policy(raw: object) -> str:
+    value = p_str(raw).strip()
+    if value and not valid_gpu_policy(value, "v2.10"):
+        raise ValueError("not a HAMi GPU scheduler policy (binpack, spread, topology-aware, ...)")
+    return value
+
+
+def p_hami_version(raw: object) -> str:
+    value = p_str(raw).strip()
+    if parse_hami_version(value) is None:
+        raise ValueError("expected a HAMi version like v2.10 or v2.7.1")
+    return value
+
+
+def parse_hami_version(value: str) -> tuple[int, int] | None:
+    m = re.match(r"^v?([0-9]+)\.([0-9]+)(?:\.[0-9]+)?$", value)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def valid_gpu_policy(value: str, hami_version: str) -> bool:
+    """What HAMi's GPU scheduler accepts for hami.io/gpu-scheduler-policy (see hami.md)."""
+    version = parse_hami_version(hami_version) or (2, 10)
+    if version >= (2, 10):
+        parts = value.split(",")
+        allowed = (*GPU_POLICIES_BASE, *GPU_POLICIES_2_10)
+        return bool(parts) and all(p in allowed for p in parts) and len(set(parts)) == len(parts)
+    if version >= (2, 7):
+        return value in GPU_POLICIES_BASE
+    return value in ("binpack", "spread")
+
+
+@dataclass(frozen=True, slots=True)
+class HamiRule:
+    """A HAMi policy rule: the first matching rule that sets a policy wins for that policy."""
+
+    priority_class: str | None = None  # urgent | approved | normal
+    local_queue: str | None = None
+    cluster_queue: str | None = None
+    fractional: bool | None = None  # True: some container asks for < 100 % of a GPU
+    node_policy: str = ""
+    gpu_policy: str = ""
+
+    def matches(
+        self, priority_class: str, local_queue: str, cluster_queue: str | None, fractional: bool
+    ) -> bool:
+        return (
+            (self.priority_class is None or self.priority_class == priority_class)
+            and (self.local_queue is None or self.local_queue == local_queue)
+            and (self.cluster_queue is None or self.cluster_queue == cluster_queue)
+            and (self.fractional is None or self.fractional == fractional)
+        )
+
+
+_RULE_KEYS = {"class", "localQueue", "clusterQueue", "fractional", "nodePolicy", "gpuPolicy"}
+
+
+def p_hami_rules(raw: object) -> tuple[HamiRule, ...]:
+    value = _from_text(raw)
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ValueError("expected a list of rules")
+    rules: list[HamiRule] = []
+    classes = [c.value for c in PriorityClass]
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise ValueError(f"rule {i}: expected a mapping")
+        unknown = set(item) - _RULE_KEYS
+        if unknown:
+            raise ValueError(f"rule {i}: unknown key(s) {sorted(map(str, unknown))}")
+        cls = item.get("class")
+        if cls is not None and cls not in classes:
+            raise ValueError(f"rule {i}: class must be one of {', '.join(classes)}")
+        frac = item.get("fractional")
+        if frac is not None and not isinstance(frac, bool):
+            raise ValueError(f"rule {i}: fractional must be true or false")
+        try:
+            node = p_node_policy(item.get("nodePolicy", ""))
+            gpu = p_gpu_policy(item.get("gpuPolicy", ""))
+        except ValueError as exc:
+            raise ValueError(f"rule {i}: {exc}") from None
+        if not node and not gpu:
+            raise ValueError(f"rule {i}: sets neither nodePolicy nor gpuPolicy")
+        lq, cq = item.get("localQueue"), item.get("clusterQueue")
+        rules.append(
+            HamiRule(
+                priority_class=cls,
+                local_queue=None if lq is None else str(lq),
+                cluster_queue=None if cq is None else str(cq),
+                fractional=frac,
+                node_policy=node,
+                gpu_policy=gpu,
+            )
+        )
+    return tuple(rules)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def setting(key: str, default: Any, parse: Callable[[object], Any], doc: str) -> Any:
+    """Declare one config key (one line per key)."""
+    meta = {"key": key, "parse": parse, "doc": doc}
+    if isinstance(default, dict | list):
+        frozen = (
+            MappingProxyType(dict(default)) if isinstance(default, dict) else tuple(default)
+        )
+        return field(default_factory=lambda: frozen, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+_DEFAULT_PRIORITY_WEIGHTS = {"urgent": 1000, "approved": 100, "normal": 1}
+_DEFAULT_RESOURCE_WEIGHTS = {CPU: 1.0, MEMORY: 1.0, GPU: 1.0, GPUCORES: 1.0, GPUMEM_PERCENTAGE: 1.0}
+_DEFAULT_HAMI_RULES = (HamiRule(fractional=True, node_policy="binpack", gpu_policy="binpack"),)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # --- loop and logging ---
+    loop_interval: float = setting("LOOP_INTERVAL", 10.0, p_duration, "seconds between cycles")
+    log_level: str = setting("LOG_LEVEL", "INFO", p_log_level, "DEBUG|INFO|WARNING|ERROR")
+    log_format: str = setting("LOG_FORMAT", "text", _choice("text", "json"), "text|json")
+    kubeconfig_path: str = setting("KUBECONFIG_PATH", "", p_str, "empty: in-cluster/default")
+    # --- priority formula ---
+    priority_weights: Mapping[str, int] = setting(
+        "PRIORITY_WEIGHTS", _DEFAULT_PRIORITY_WEIGHTS, p_priority_weights, "class weights"
+    )
+    priority_class_unit: int = setting(
+        "PRIORITY_CLASS_UNIT", 100, p_pos_int, "priority points per unit of class weight"
+    )
+    fairness_points: int = setting(
+        "FAIRNESS_POINTS", 5000, p_nonneg_int, "points for a team with zero usage"
+    )
+    fairness_levels: int = setting(
+        "FAIRNESS_LEVELS", 50, p_pos_int, "fairness factor quantization levels"
+    )
+    aging_coefficient: float = setting(
+        "AGING_COEFFICIENT", 1.0, p_nonneg_float, "aging points per second waited"
+    )
+    max_aging_time: float = setting(
+        "MAX_AGING_TIME", 604800.0, p_duration, "aging stops growing after this wait"
+    )
+    aging_step: float = setting("AGING_STEP", 300.0, p_duration, "wait is rounded down to this")
+    priority_mode: PriorityMode = setting(  # noqa: RUF009 - setting() returns a field
+        "PRIORITY_MODE", PriorityMode.AUTO, p_priority_mode, "auto|boost|spec"
+    )
+    # --- accounting ---
+    resource_weights: Mapping[str, float] = setting(
+        "RESOURCE_WEIGHTS", _DEFAULT_RESOURCE_WEIGHTS, p_resource_weights, "per-resource weight"
+    )
+    team_source: TeamSource = setting(  # noqa: RUF009 - setting() returns a field
+        "TEAM_SOURCE", TeamSource.NAMESPACE, p_team_source, "namespace|label|localqueue"
+    )
+    team_label_key: str = setting("TEAM_LABEL_KEY", "wdrf.x-k8s.io/team", p_str, "label key")
+    team_weights: Mapping[str, float] = setting(
+        "TEAM_WEIGHTS", {}, p_team_weights, "team -> weight (default 1)"
+    )
+    usage_half_life: float = setting("USAGE_HALF_LIFE", 0.0, p_duration, "0 = current usage")
+    capacity_source: str = setting(
+        "CAPACITY_SOURCE", "auto", _choice("auto", "agent", "hami", "quota"), "capacity source"
+    )
+    inventory_max_age: float = setting(
+        "INVENTORY_MAX_AGE", 300.0, p_duration, "agent inventory older than this is ignored"
+    )
+    gpu_memory_mib: int = setting(
+        "GPU_MEMORY_MIB", 0, p_nonneg_int, "card memory when no inventory (0 = unknown)"
+    )
+    # --- HAMi ---
+    hami_version: str = setting("HAMI_VERSION", "v2.10", p_hami_version, "HAMi release")
+    hami_default_node_policy: str = setting(
+        "HAMI_DEFAULT_NODE_POLICY", "", p_node_policy, "empty: leave HAMi's default"
+    )
+    hami_default_gpu_policy: str = setting(
+        "HAMI_DEFAULT_GPU_POLICY", "", p_gpu_policy, "empty: leave HAMi's default"
+    )
+    hami_rules: tuple[HamiRule, ...] = setting(
+        "HAMI_RULES", list(_DEFAULT_HAMI_RULES), p_hami_rules, "policy rules"
+    )
+    # --- live controller ---
+    metrics_port: int = setting("METRICS_PORT", 8080, p_port, "Prometheus port (0 = off)")
+    leader_election: bool = setting("LEADER_ELECTION", True, p_bool, "use a Lease")
+    lease_name: str = setting("LEASE_NAME", "wdrf-controller", p_str, "Lease name")
+    controller_namespace: str = setting(
+        "CONTROLLER_NAMESPACE", "kueue-system", p_str, "namespace of Lease/ConfigMap"
+    )
+    kueue_namespace: str = setting("KUEUE_NAMESPACE", "kueue-system", p_str, "Kueue namespace")
+
+    # -----------------------------------------------------------------------------------------
+
+    def class_weight(self, cls: PriorityClass) -> int:
+        return self.priority_weights[cls.value]
+
+    def max_score(self) -> int:
+        """Largest boost the formula can produce (without override)."""
+        top = max(self.priority_weights.values())
+        return int(
+            top * self.priority_class_unit
+            + self.fairness_points
+            + math.floor(self.aging_coefficient * self.max_aging_time)
+        )
+
+    def overtake_window(self) -> float:
+        """Seconds after which a normal workload ranks above every later arrival (math.inf if
+        aging can never close the gap before MAX_AGING_TIME). See docs/policy.md."""
+        gap = (
+            self.class_weight(PriorityClass.URGENT) - self.class_weight(PriorityClass.NORMAL)
+        ) * self.priority_class_unit + self.fairness_points
+        if self.aging_coefficient <= 0:
+            return math.inf
+        window = math.ceil(gap / self.aging_coefficient) + self.aging_step
+        return window if window <= self.max_aging_time else math.inf
+
+    def warnings(self) -> list[str]:
+        out: list[str] = []
+        if math.isinf(self.overtake_window()):
+            out.append(
+                "no starvation bound: AGING_COEFFICIENT x MAX_AGING_TIME cannot close the gap "
+                "between urgent and normal; a normal workload can be overtaken indefinitely"
+            )
+        return out
+
+
+SETTING_FIELDS = {f.metadata["key"]: f for f in fields(Settings) if "key" in f.metadata}
+KEYS = tuple(SETTING_FIELDS)
+
+
+def _cross_check(s: Settings) -> list[tuple[str, str, str]]:
+    issues: list[tuple[str, str, str]] = []
+    w = s.priority_weights
+    u, a, n = w["urgent"], w["approved"], w["normal"]
+    if not u > a > n:
+        issues.append(
+            ("PRIORITY_WEIGHTS", str(dict(w)), "must satisfy urgent > approved > normal")
+        )
+    else:
+        gap = min(u - a, a - n) * s.priority_class_unit
+        if gap <= s.fairness_points:
+            issues.append(
+                (
+                    "FAIRNESS_POINTS",
+                    str(s.fairness_points),
+                    f"must be < smallest class gap x PRIORITY_CLASS_UNIT = {gap}, "
+                    "or shares could reorder classes",
+                )
+            )
+    if s.max_score() > MAX_BOOST:
+        issues.append(
+            (
+                "AGING_COEFFICIENT",
+                str(s.aging_coefficient),
+                f"largest priority {s.max_score()} exceeds {MAX_BOOST} (int32 headroom); "
+                "lower PRIORITY_WEIGHTS, PRIORITY_CLASS_UNIT, AGING_COEFFICIENT or MAX_AGING_TIME",
+            )
+        )
+    if s.aging_step <= 0:
+        issues.append(("AGING_STEP", str(s.aging_step), "must be > 0"))
+    if s.fairness_levels > max(1, s.fairness_points):
+        issues.append(
+            ("FAIRNESS_LEVELS", str(s.fairness_levels), "must be <= FAIRNESS_POINTS")
+        )
+    if s.team_source is TeamSource.LABEL and not s.team_label_key:
+        issues.append(("TEAM_LABEL_KEY", "", "required when TEAM_SOURCE=label"))
+    return issues
+
+
+def load_settings(
+    config_path: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+    *,
+    config_required: bool = False,
+) -> Settings:
+    """config.yaml (or `config_path`), then env vars named like the keys, then `overrides`
+    (CLI flags, keyed by config key). Raises ConfigError listing every problem."""
+    issues: list[tuple[str, str, str]] = []
+    raw: dict[str, tuple[object, str]] = {}  # key -> (value, where)
+
+    path = Path(config_path) if config_path else Path("config.yaml")
+    if path.exists():
+        try:
+            doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError([(str(path), "", f"cannot read config file: {exc}")]) from None
+        if doc is None:
+            doc = {}
+        if not isinstance(doc, Mapping):
+            raise ConfigError([(str(path), "", "config file must be a mapping of KEY: value")])
+        for k, v in doc.items():
+            if k not in SETTING_FIELDS:
+                issues.append((str(k), _show(v), f"unknown key in {path}"))
+            else:
+                raw[k] = (v, str(path))
+    elif config_path is not None or config_required:
+        raise ConfigError([(str(path), "", "config file not found")])
+
+    env = os.environ if env is None else env
+    for key in KEYS:
+        if key in env:
+            raw[key] = (env[key], "environment")
+    for key, value in (overrides or {}).items():
+        if key not in SETTING_FIELDS:
+            issues.append((key, _show(value), "unknown key (command line)"))
+        elif value is not None:
+            raw[key] = (value, "command line")
+
+    values: dict[str, Any] = {}
+    for key, (value, where) in raw.items():
+        f = SETTING_FIELDS[key]
+        try:
+            values[f.name] = f.metadata["parse"](value)
+        except ValueError as exc:
+            issues.append((key, _show(value), f"{exc} (from {where})"))
+    settings = Settings(**values)
+    issues += _cross_check(settings)
+    if issues:
+        raise ConfigError(issues)
+    return settings
+
+
+def _show(value: object) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def with_overrides(settings: Settings, **changes: Any) -> Settings:
+    """A copy with some fields changed (tests, simulator); validated like a load."""
+    s = replace(settings, **changes)
+    issues = _cross_check(s)
+    if issues:
+        raise ConfigError(issues)
+    return s
+
+
+def describe(settings: Settings) -> Iterable[tuple[str, object, str]]:
+    """(key, value, help) for every key, e.g. for `--show-config` or docs."""
+    for key, f in SETTING_FIELDS.items():
+        yield key, getattr(settings, f.name), f.metadata["doc"]

@@ -1,0 +1,271 @@
+"""HAMi decisions for a pending workload: node / GPU scheduling policy and GPU fraction.
+
+Sources, first valid one wins per policy:
+  1. the workload's own `hami.io/{node,gpu}-scheduler-policy` annotations (Workload, owner Job,
+     or pod template) - kept as they are when valid;
+  2. `wdrf.x-k8s.io/scheduling-policy` (Workload, then owner Job);
+  3. HAMI_RULES (by class, LocalQueue, ClusterQueue, fractional), then HAMI_DEFAULT_*.
+HAMi silently falls back on unknown values (hami.md), so every value is validated here and a
+bad one is an InputProblem: the workload is left unchanged, nothing invalid is ever written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+
+from controller.accounting import is_fractional, requests_gpu
+from controller.config import NODE_POLICIES, Settings, valid_gpu_policy
+from controller.domain import (
+    GPU,
+    GPU_FRACTION_ANNOTATION,
+    GPUCORES,
+    GPUMEM_PERCENTAGE,
+    HAMI_GPU_POLICY_ANNOTATION,
+    HAMI_NODE_POLICY_ANNOTATION,
+    SCHEDULING_POLICY_ANNOTATION,
+    Container,
+    InputProblem,
+    JobInfo,
+    ObjectRef,
+    PodSet,
+    PriorityClass,
+    Workload,
+)
+from controller.plan import HamiDecision
+
+_FRACTION = re.compile(r"^(?:0(?:\.[0-9]+)?|1(?:\.0*)?|\.[0-9]+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """One place annotations can come from, for messages."""
+
+    ref: ObjectRef
+    field_prefix: str
+    annotations: Mapping[str, str]
+
+
+def _sources(workload: Workload, job: JobInfo | None) -> list[_Source]:
+    out = [_Source(workload.ref, "metadata.annotations", workload.annotations)]
+    if job is not None:
+        out.append(_Source(job.ref, "metadata.annotations", job.annotations))
+        out.append(_Source(job.ref, "spec.template.metadata.annotations", job.template_annotations))
+    for ps in workload.pod_sets:
+        out.append(
+            _Source(workload.ref, f"spec.podSets[{ps.name}].template.metadata.annotations",
+                    ps.annotations)
+        )
+    return out
+
+
+def parse_fraction(value: str) -> int | None:
+    """"0.5" -> 50 (percent). None when not a decimal in (0, 1] with whole-percent precision."""
+    if not _FRACTION.match(value):
+        return None
+    try:
+        pct = Decimal(value) * 100
+    except InvalidOperation:  # pragma: no cover - regex guarantees a decimal
+        return None
+    if pct <= 0 or pct > 100 or pct != pct.to_integral_value():
+        return None
+    return int(pct)
+
+
+def parse_scheduling_policy(value: str, hami_version: str) -> tuple[str | None, str | None] | None:
+    """`wdrf.x-k8s.io/scheduling-policy`: "binpack" / "spread" (node and GPU), a GPU-only
+    policy ("topology-aware", "binpack,numa"), or "node=<p>;gpu=<p>" (either part optional).
+    None when invalid."""
+    if not value or value != value.strip():
+        return None
+    if "=" not in value:
+        node = value if value in NODE_POLICIES else None
+        gpu = value if valid_gpu_policy(value, hami_version) else None
+        return (node, gpu) if (node or gpu) else None
+    node_p: str | None = None
+    gpu_p: str | None = None
+    for part in value.split(";"):
+        key, sep, val = part.partition("=")
+        if not sep or not val:
+            return None
+        if key == "node" and node_p is None and val in NODE_POLICIES:
+            node_p = val
+        elif key == "gpu" and gpu_p is None and valid_gpu_policy(val, hami_version):
+            gpu_p = val
+        else:
+            return None
+    return node_p, gpu_p
+
+
+def decide_hami(
+    workload: Workload,
+    job: JobInfo | None,
+    priority_class: PriorityClass,
+    cluster_queue: str | None,
+    settings: Settings,
+    card_memory_mib: float | None,
+) -> tuple[HamiDecision | None, list[InputProblem]]:
+    """The HAMi decision for one pending workload, or None when it asks for no GPU."""
+    problems: list[InputProblem] = []
+    sources = _sources(workload, job)
+    wants_gpu = requests_gpu(workload.pod_sets)
+
+    node: str | None = None
+    gpu: str | None = None
+    reasons: list[str] = []
+    current: dict[str, str] = {}
+
+    # 1. The workload's own HAMi annotations.
+    for src in sources:
+        for key, is_node in (
+            (HAMI_NODE_POLICY_ANNOTATION, True),
+            (HAMI_GPU_POLICY_ANNOTATION, False),
+        ):
+            val = src.annotations.get(key)
+            if val is None:
+                continue
+            ok = val in NODE_POLICIES if is_node else valid_gpu_policy(val, settings.hami_version)
+            if not ok:
+                allowed = (
+                    ", ".join(NODE_POLICIES) if is_node
+                    else "binpack, spread, topology-aware"
+                    f" (+ mutex, numa, chains from v2.10; configured {settings.hami_version})"
+                )
+                problems.append(InputProblem(
+                    src.ref, f"{src.field_prefix}[{key}]", val,
+                    f"not a value HAMi accepts (expected {allowed}); HAMi would silently "
+                    "fall back to its default",
+                ))
+                continue
+            current.setdefault(key, val)
+            if is_node and node is None:
+                node = val
+                reasons.append(f"node policy from {src.ref} {key}")
+            elif not is_node and gpu is None:
+                gpu = val
+                reasons.append(f"gpu policy from {src.ref} {key}")
+
+    # 2. wdrf.x-k8s.io/scheduling-policy (Workload, then Job).
+    for src in sources[:2]:
+        val = src.annotations.get(SCHEDULING_POLICY_ANNOTATION)
+        if val is None:
+            continue
+        parsed = parse_scheduling_policy(val, settings.hami_version)
+        if parsed is None:
+            problems.append(InputProblem(
+                src.ref, f"{src.field_prefix}[{SCHEDULING_POLICY_ANNOTATION}]", val,
+                "expected binpack, spread, a HAMi GPU policy, "
+                "or node=<binpack|spread>;gpu=<policy>",
+            ))
+            continue
+        n, g = parsed
+        if n and node is None:
+            node = n
+            reasons.append(f"node policy from {SCHEDULING_POLICY_ANNOTATION}")
+        if g and gpu is None:
+            gpu = g
+            reasons.append(f"gpu policy from {SCHEDULING_POLICY_ANNOTATION}")
+        break
+
+    # GPU fraction (Workload, then Job).
+    cores: int | None = None
+    mem: int | None = None
+    for src in sources[:2]:
+        val = src.annotations.get(GPU_FRACTION_ANNOTATION)
+        if val is None:
+            continue
+        pct = parse_fraction(val)
+        if pct is None:
+            problems.append(InputProblem(
+                src.ref, f"{src.field_prefix}[{GPU_FRACTION_ANNOTATION}]", val,
+                "expected a decimal fraction of one GPU in (0, 1] with at most two decimals, "
+                "e.g. 0.25 or 0.5",
+            ))
+        elif not wants_gpu:
+            problems.append(InputProblem(
+                src.ref, f"{src.field_prefix}[{GPU_FRACTION_ANNOTATION}]", val,
+                f"the workload requests no {GPU}: a GPU fraction has nothing to apply to",
+            ))
+        else:
+            cores = mem = pct
+            reasons.append(f"gpucores/gpumem-percentage {pct} from {GPU_FRACTION_ANNOTATION}={val}")
+        break
+
+    if problems or not wants_gpu:
+        return None, problems
+
+    fractional = (cores is not None and cores < 100) or is_fractional(
+        workload.pod_sets, card_memory_mib
+    )
+    # 3. Rules, then defaults.
+    if node is None or gpu is None:
+        for i, rule in enumerate(settings.hami_rules):
+            if not rule.matches(priority_class.value, workload.queue_name, cluster_queue,
+                                fractional):
+                continue
+            if node is None and rule.node_policy:
+                node = rule.node_policy
+                reasons.append(f"node policy from HAMI_RULES[{i}]")
+            if gpu is None and rule.gpu_policy:
+                gpu = rule.gpu_policy
+                reasons.append(f"gpu policy from HAMI_RULES[{i}]")
+    if node is None and settings.hami_default_node_policy:
+        node = settings.hami_default_node_policy
+        reasons.append("node policy from HAMI_DEFAULT_NODE_POLICY")
+    if gpu is None and settings.hami_default_gpu_policy:
+        gpu = settings.hami_default_gpu_policy
+        reasons.append("gpu policy from HAMI_DEFAULT_GPU_POLICY")
+
+    changes = _changes(workload, job, node, gpu, cores, mem)
+    if node is None and gpu is None and cores is None:
+        return None, []
+    return HamiDecision(
+        node_policy=node,
+        gpu_policy=gpu,
+        gpucores=cores,
+        gpumem_percentage=mem,
+        reason="; ".join(reasons),
+        changes=tuple(changes),
+    ), []
+
+
+def _template_annotations(workload: Workload, job: JobInfo | None) -> Mapping[str, str]:
+    """Where HAMi reads policies: the pod template (Job template, else the pod sets')."""
+    if job is not None:
+        return job.template_annotations
+    merged: dict[str, str] = {}
+    for ps in workload.pod_sets:
+        merged.update(ps.annotations)
+    return merged
+
+
+def _changes(
+    workload: Workload,
+    job: JobInfo | None,
+    node: str | None,
+    gpu: str | None,
+    cores: int | None,
+    mem: int | None,
+) -> list[str]:
+    """Human-readable differences between the decision and what pods would get now."""
+    out: list[str] = []
+    tmpl = _template_annotations(workload, job)
+    for key, want in ((HAMI_NODE_POLICY_ANNOTATION, node), (HAMI_GPU_POLICY_ANNOTATION, gpu)):
+        have = tmpl.get(key)
+        if want is not None and have != want:
+            out.append(f"{key}: {have or '(unset)'} -> {want}")
+    if cores is not None:
+        for name, want_pct in ((GPUCORES, cores), (GPUMEM_PERCENTAGE, mem)):
+            haves = sorted({
+                str(c.resources.get(name, "unset"))
+                for c in _gpu_containers(workload.pod_sets)
+            })
+            if haves != [str(want_pct)]:
+                out.append(f"{name}: {','.join(haves) or 'unset'} -> {want_pct}")
+    return out
+
+
+def _gpu_containers(pod_sets: Sequence[PodSet]) -> list[Container]:
+    return [c for ps in pod_sets for c in ps.containers if GPU in c.resources]
