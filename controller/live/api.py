@@ -1,0 +1,236 @@
+"""The controller's view of the Kubernetes API: a tiny transport protocol plus wrappers.
+
+Nothing here imports the `kubernetes` client (that lives in `controller.live.kube`), so
+everything above the transport is testable with an in-memory fake.
+
+Every request goes through one `Transport.request` / `Transport.stream` pair; the wrappers
+below use that single choke point to enforce policies structurally:
+
+* `ReadOnlyTransport` refuses every method but GET (dry run: no patch, Event or Lease).
+* `CountingTransport` counts requests by method and path class (tests and the benchmark).
+* `GuardedTransport` lets writes through only while a predicate holds (only the leader writes).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import quote
+
+JSON = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class ApiError(Exception):
+    """A failed API call. `status` 0 means no HTTP answer (connection refused, timeout)."""
+
+    def __init__(self, status: int, reason: str, body: str = "") -> None:
+        super().__init__(f"{status} {reason}: {body[:300]}" if body else f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+    @property
+    def message(self) -> str:
+        """The apiserver's `Status.message` when the body is a Status, else the raw body."""
+        try:
+            parsed = json.loads(self.body)
+        except (ValueError, TypeError):
+            return self.body
+        if isinstance(parsed, dict):
+            return str(parsed.get("message", self.body))
+        return self.body
+
+    @property
+    def retriable(self) -> bool:
+        return self.status in (0, 429) or self.status >= 500
+
+    @property
+    def code_label(self) -> str:
+        """A bounded label for metrics: the HTTP status, or 'connection'."""
+        return str(self.status) if self.status else "connection"
+
+
+class WriteRefused(ApiError):
+    """A write stopped before it left the process (dry run, or not the leader)."""
+
+    def __init__(self, why: str, method: str, path: str) -> None:
+        super().__init__(0, why, f"{method} {path}")
+        self.method = method
+        self.path = path
+
+    @property
+    def retriable(self) -> bool:
+        return False
+
+
+class Transport(Protocol):
+    """One HTTP round trip to the apiserver, JSON in and out."""
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Returns the decoded JSON answer; raises `ApiError` on a non-2xx answer."""
+        ...
+
+    def stream(
+        self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> Iterator[JSON]:
+        """A watch: yields one decoded JSON event per line until the server ends it."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """One API resource, enough to build its URLs."""
+
+    group: str  # "" for core
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def collection(self, namespace: str | None = None) -> str:
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            return f"{root}/namespaces/{quote(namespace, safe='')}/{self.plural}"
+        return f"{root}/{self.plural}"
+
+    def item(self, name: str, namespace: str | None = None) -> str:
+        return f"{self.collection(namespace)}/{quote(name, safe='')}"
+
+    def with_version(self, version: str) -> Resource:
+        return Resource(self.group, version, self.plural, self.kind, self.namespaced)
+
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+WORKLOADS = Resource(KUEUE_GROUP, "v1beta2", "workloads", "Workload")
+CLUSTER_QUEUES = Resource(KUEUE_GROUP, "v1beta2", "clusterqueues", "ClusterQueue", False)
+LOCAL_QUEUES = Resource(KUEUE_GROUP, "v1beta2", "localqueues", "LocalQueue")
+JOBS = Resource("batch", "v1", "jobs", "Job")
+PODS = Resource("", "v1", "pods", "Pod")
+NODES = Resource("", "v1", "nodes", "Node", False)
+EVENTS = Resource("", "v1", "events", "Event")
+CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
+LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+SELF_SUBJECT_ACCESS_REVIEWS = Resource(
+    "authorization.k8s.io", "v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview", False
+)
+
+
+def path_class(method: str, path: str) -> str:
+    """A bounded description of a request for counting: 'PATCH workloads'."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if "namespaces" in parts:
+        i = parts.index("namespaces")
+        parts = parts[:i] + parts[i + 2 :]
+    # /api/v1/<plural>[/name] or /apis/<group>/<version>/<plural>[/name]
+    start = 2 if parts[:1] == ["api"] else 3
+    plural = parts[start] if len(parts) > start else "/".join(parts) or "/"
+    return f"{method} {plural}"
+
+
+class CountingTransport:
+    """Counts every request by `path_class`, then passes it on. Thread-safe."""
+
+    def __init__(self, inner: Transport) -> None:
+        self._inner = inner
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+
+    def _count(self, method: str, path: str, query: Mapping[str, str] | None) -> None:
+        label = path_class(method, path)
+        if query and query.get("watch") in ("1", "true"):
+            label = "WATCH " + label.split(" ", 1)[1]
+        with self._lock:
+            self.counts[label] += 1
+
+    def snapshot(self) -> Counter[str]:
+        with self._lock:
+            return Counter(self.counts)
+
+    def writes(self) -> int:
+        with self._lock:
+            return sum(n for k, n in self.counts.items() if k.split(" ", 1)[0] in WRITE_METHODS)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        self._count(method, path, query)
+        return self._inner.request(
+            method, path, query=query, body=body, content_type=content_type, timeout=timeout
+        )
+
+    def stream(
+        self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> Iterator[JSON]:
+        self._count("GET", path, {**(query or {}), "watch": "1"})
+        return self._inner.stream(path, query=query, timeout=timeout)
+
+
+class GuardedTransport:
+    """Passes reads through; passes writes only while `allowed()` is true, else `WriteRefused`.
+
+    `ReadOnlyTransport` is the special case `allowed = lambda: False`.
+    """
+
+    def __init__(self, inner: Transport, allowed: Callable[[], bool], why: str) -> None:
+        self._inner = inner
+        self._allowed = allowed
+        self._why = why
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        if method.upper() != "GET" and not self._allowed():
+            raise WriteRefused(self._why, method.upper(), path)
+        return self._inner.request(
+            method, path, query=query, body=body, content_type=content_type, timeout=timeout
+        )
+
+    def stream(
+        self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> Iterator[JSON]:
+        return self._inner.stream(path, query=query, timeout=timeout)
+
+
+class ReadOnlyTransport(GuardedTransport):
+    """The dry-run client: every non-GET request is refused before it is sent."""
+
+    def __init__(self, inner: Transport) -> None:
+        super().__init__(inner, lambda: False, "dry run: writes are disabled")

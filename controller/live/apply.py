@@ -1,0 +1,172 @@
+"""The one applier: sends `Change`s, retries what can be retried, never lets one object stop
+the others.
+
+* 409 Conflict (or a failed JSON-patch `test`): re-read the object, recompute the same intent
+  against it (`diff.redo`) and try again; nothing left to do counts as done.
+* 429, 5xx, timeouts, connection errors: exponential backoff with jitter, bounded per cycle by
+  a retry budget (seconds of sleeping). When it is spent the remaining retriable failures wait
+  for the next cycle, which re-diffs from the cache anyway.
+* 422 on a GPU-fraction change: the cluster does not allow changing a suspended Job's
+  container resources (Kubernetes < 1.36, or MutablePodResourcesForSuspendedJobs off). The
+  applier remembers that (`resources_mutable = False`) and the runner emits an Event instead.
+* A write refused locally (dry run, not the leader) is counted as `refused`, never sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from controller.live.api import JSON, ApiError, Transport, WriteRefused
+from controller.live.backoff import Backoff
+from controller.live.diff import GPU_FRACTION, Change, redo
+from controller.live.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+APPLIED = "applied"
+NOOP = "noop"  # after a re-read there was nothing left to write
+CONFLICT = "conflict"  # still conflicting after the attempts allowed
+FAILED = "failed"
+REFUSED = "refused"
+UNSUPPORTED = "unsupported"
+DEFERRED = "deferred"  # retry budget spent or apiserver unreachable: next cycle
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    change: Change  # the change as finally sent (after re-reads)
+    result: str
+    error: ApiError | None = None
+
+
+@dataclass
+class ApplyReport:
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def by_result(self, result: str) -> list[Outcome]:
+        return [o for o in self.outcomes if o.result == result]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for o in self.outcomes:
+            out[o.result] = out.get(o.result, 0) + 1
+        return out
+
+
+def is_conflict(error: ApiError) -> bool:
+    """409, or the 422 the apiserver answers when a JSON-patch `test` op does not hold."""
+    if error.status == 409:
+        return True
+    return error.status == 422 and "test" in error.message.lower() and "fail" in (
+        error.message.lower()
+    )
+
+
+def is_immutable(error: ApiError) -> bool:
+    text = error.message.lower()
+    return error.status == 422 and ("immutable" in text or "forbidden" in text)
+
+
+class Applier:
+    def __init__(
+        self,
+        transport: Transport,
+        metrics: Metrics,
+        max_attempts: int = 5,
+        retry_budget: float = 10.0,
+        backoff: Callable[[], Backoff] = lambda: Backoff(initial=0.2, cap=5.0),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._transport = transport
+        self._metrics = metrics
+        self._max_attempts = max(1, max_attempts)
+        self._retry_budget = retry_budget
+        self._new_backoff = backoff
+        self._sleep = sleep
+        # None: not known yet; False: a 422 said container resources of suspended Jobs are
+        # immutable here; True: a fraction change went through.
+        self.resources_mutable: bool | None = None
+
+    def apply(self, changes: Sequence[Change]) -> ApplyReport:
+        report = ApplyReport()
+        budget = [self._retry_budget]
+        unreachable = 0
+        for change in changes:
+            if unreachable >= 3:
+                # The apiserver is gone: do not hammer it with the rest of the cycle.
+                report.outcomes.append(Outcome(change, DEFERRED))
+                continue
+            try:
+                outcome = self._apply_one(change, budget)
+            except Exception as e:  # a bug in one object's handling must not stop the others
+                log.exception("applying %s to %s crashed", change.what, change.ref)
+                outcome = Outcome(change, FAILED, ApiError(0, type(e).__name__, str(e)))
+            unreachable = unreachable + 1 if _unreachable(outcome) else 0
+            report.outcomes.append(outcome)
+            self._metrics.patches.labels(change.ref.kind, outcome.result).inc()
+        return report
+
+    def _apply_one(self, change: Change, budget: list[float]) -> Outcome:
+        backoff = self._new_backoff()
+        current: Change | None = change
+        last_error: ApiError | None = None
+        for _attempt in range(self._max_attempts):
+            if current is None:
+                return Outcome(change, NOOP)
+            try:
+                self._send(current)
+            except WriteRefused as e:
+                return Outcome(current, REFUSED, e)
+            except ApiError as e:
+                self._metrics.api_errors.labels(e.code_label).inc()
+                last_error = e
+                if current.what == GPU_FRACTION and e.status == 422:
+                    if is_immutable(e):
+                        self.resources_mutable = False
+                    return Outcome(current, UNSUPPORTED, e)
+                if e.status == 404:  # deleted since the cache saw it: nothing to do
+                    return Outcome(current, NOOP, e)
+                if is_conflict(e):
+                    try:
+                        current = self._reread(current)
+                    except ApiError as read_error:
+                        if read_error.status == 404:
+                            return Outcome(change, NOOP)
+                        self._metrics.api_errors.labels(read_error.code_label).inc()
+                        last_error = read_error
+                    continue
+                if e.retriable and budget[0] > 0:
+                    delay = min(backoff.next(), budget[0])
+                    budget[0] -= delay
+                    log.info("retrying %s on %s in %.2fs: %s", current.what, current.ref, delay, e)
+                    self._sleep(delay)
+                    continue
+                return Outcome(current, DEFERRED if e.retriable else FAILED, e)
+            if current.what == GPU_FRACTION:
+                self.resources_mutable = True
+            return Outcome(current, APPLIED)
+        if current is None:
+            return Outcome(change, NOOP)
+        result = CONFLICT if last_error is not None and is_conflict(last_error) else DEFERRED
+        return Outcome(current, result, last_error)
+
+    def _send(self, change: Change) -> None:
+        self._transport.request(
+            "PATCH",
+            change.resource.item(change.name, change.namespace or None),
+            body=change.body,
+            content_type=change.content_type,
+        )
+
+    def _reread(self, change: Change) -> Change | None:
+        fresh: JSON = self._transport.request(
+            "GET", change.resource.item(change.name, change.namespace or None)
+        )
+        return redo(change, fresh, self.resources_mutable)
+
+
+def _unreachable(outcome: Outcome) -> bool:
+    return outcome.error is not None and outcome.error.status == 0 and outcome.result != REFUSED

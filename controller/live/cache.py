@@ -1,0 +1,248 @@
+"""Informer-style caches: one LIST, then a WATCH that resumes from the last resourceVersion.
+
+* The LIST is paginated and happens at start-up and after `410 Gone` (or when a watch cannot
+  resume), never once per cycle.
+* Watches ask for bookmarks, so the resourceVersion to resume from stays fresh.
+* Errors back off exponentially with jitter; every restart is counted in
+  `wdrf_watch_restarts_total{resource,reason}`.
+* `managedFields` are dropped on arrival: they are most of a Workload's bytes and unused.
+* Every change is reported to `on_event(kind, old, new)` (old None = added, new None =
+  deleted), so the runner can start a cycle promptly after an urgent arrival.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from controller.live.api import JSON, ApiError, Resource, Transport
+from controller.live.backoff import Backoff
+from controller.live.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+EventHandler = Callable[[str, JSON | None, JSON | None], None]
+
+
+class Gone(Exception):
+    """The resourceVersion we resume from is too old: relist."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchSpec:
+    resource: Resource
+    namespace: str | None = None
+    label_selector: str | None = None
+    field_selector: str | None = None
+
+    def query(self) -> dict[str, str]:
+        q: dict[str, str] = {}
+        if self.label_selector:
+            q["labelSelector"] = self.label_selector
+        if self.field_selector:
+            q["fieldSelector"] = self.field_selector
+        return q
+
+
+def object_key(obj: JSON) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace") or ""
+    return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
+
+
+def resource_version(obj: JSON | None) -> str:
+    if not obj:
+        return ""
+    return str((obj.get("metadata") or {}).get("resourceVersion", ""))
+
+
+def slim(obj: JSON) -> JSON:
+    """Drop what the controller never reads and what costs the most memory."""
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+    return obj
+
+
+class Informer:
+    """A LIST + WATCH kept cache of one resource (optionally one namespace / selector)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        spec: WatchSpec,
+        metrics: Metrics,
+        on_event: EventHandler | None = None,
+        page_size: int = 500,
+        watch_timeout: float = 300.0,
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._transport = transport
+        self.spec = spec
+        self._metrics = metrics
+        self._on_event = on_event
+        self._page_size = page_size
+        self._watch_timeout = watch_timeout
+        self._backoff = backoff or Backoff(initial=0.5, cap=30.0)
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._items: dict[str, JSON] = {}
+        self._synced = threading.Event()
+        self.resource_version = ""
+        self.name = spec.resource.plural
+
+    # -- reading --------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float) -> bool:
+        return self._synced.wait(timeout)
+
+    def items(self) -> list[JSON]:
+        with self._lock:
+            return list(self._items.values())
+
+    def get(self, key: str) -> JSON | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """LIST, then WATCH until `stop`; relist only when the watch cannot resume."""
+        need_list = True
+        while not stop.is_set():
+            try:
+                if need_list:
+                    self.relist()
+                    need_list = False
+                self.watch_once(stop)
+                self._restart("closed")
+                self._backoff.reset()
+            except Gone:
+                self._restart("gone")
+                need_list = True
+            except ApiError as e:
+                self._metrics.api_errors.labels(e.code_label).inc()
+                self._restart("error")
+                if e.status == 410:
+                    need_list = True
+                delay = self._backoff.next()
+                log.warning(
+                    "watch %s failed (%s); retrying in %.1fs", self.name, e, delay,
+                    extra={"resource": self.name, "code": e.code_label},
+                )
+                stop.wait(delay)
+            except Exception:  # a bug must not kill the thread silently
+                log.exception("watch %s crashed; relisting", self.name)
+                self._restart("error")
+                need_list = True
+                stop.wait(self._backoff.next())
+
+    def _restart(self, reason: str) -> None:
+        self._metrics.watch_restarts.labels(self.name, reason).inc()
+
+    def relist(self) -> None:
+        """Paginated LIST; replaces the cache and reports the differences as events."""
+        fresh: dict[str, JSON] = {}
+        rv = ""
+        token = ""
+        path = self.spec.resource.collection(self.spec.namespace)
+        while True:
+            query = {**self.spec.query(), "limit": str(self._page_size)}
+            if token:
+                query["continue"] = token
+            try:
+                page = self._transport.request("GET", path, query=query)
+            except ApiError as e:
+                if e.status == 410 and token:
+                    # The continue token expired mid-list: start over.
+                    fresh, token = {}, ""
+                    continue
+                raise
+            for item in page.get("items") or []:
+                fresh[object_key(item)] = slim(item)
+            meta = page.get("metadata") or {}
+            rv = str(meta.get("resourceVersion", ""))
+            token = str(meta.get("continue") or "")
+            if not token:
+                break
+        self._metrics.relists.labels(self.name).inc()
+        with self._lock:
+            old = self._items
+            self._items = fresh
+            self.resource_version = rv
+        self._synced.set()
+        self._report_relist(old, fresh)
+        log.debug("listed %d %s at rv %s", len(fresh), self.name, rv)
+
+    def _report_relist(self, old: dict[str, JSON], fresh: dict[str, JSON]) -> None:
+        if self._on_event is None:
+            return
+        kind = self.spec.resource.kind
+        for key, obj in fresh.items():
+            before = old.get(key)
+            if resource_version(before) != resource_version(obj):
+                self._on_event(kind, before, obj)
+        for key, obj in old.items():
+            if key not in fresh:
+                self._on_event(kind, obj, None)
+
+    def watch_once(self, stop: threading.Event) -> None:
+        """One WATCH request from the current resourceVersion until the server ends it."""
+        # Randomized like client-go, so many watches do not all end at the same moment.
+        timeout = int(self._watch_timeout * self._rng.uniform(1.0, 2.0))
+        query = {
+            **self.spec.query(),
+            "watch": "1",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": self.resource_version,
+            "timeoutSeconds": str(timeout),
+        }
+        events: Iterator[JSON] = self._transport.stream(
+            self.spec.resource.collection(self.spec.namespace), query=query, timeout=timeout
+        )
+        for event in events:
+            if stop.is_set():
+                return
+            self.apply_event(event)
+
+    def apply_event(self, event: JSON) -> None:
+        kind = str(event.get("type", ""))
+        obj: Any = event.get("object") or {}
+        if kind == "ERROR":
+            code = int(obj.get("code", 0) or 0)
+            if code == 410:
+                raise Gone(str(obj.get("message", "")))
+            raise ApiError(code, str(obj.get("reason", "WatchError")), str(obj.get("message", "")))
+        rv = resource_version(obj)
+        if kind == "BOOKMARK":
+            if rv:
+                self.resource_version = rv
+            return
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            log.debug("ignoring watch event type %r for %s", kind, self.name)
+            return
+        key = object_key(obj)
+        obj = slim(obj)
+        with self._lock:
+            before = self._items.get(key)
+            if kind == "DELETED":
+                self._items.pop(key, None)
+            else:
+                self._items[key] = obj
+            if rv:
+                self.resource_version = rv
+        if self._on_event is not None:
+            self._on_event(self.spec.resource.kind, before, None if kind == "DELETED" else obj)

@@ -1,0 +1,147 @@
+"""The one place the controller imports the `kubernetes` client.
+
+It is used only for what it is good at: reading a kubeconfig or the in-cluster service
+account, authentication headers (including token refresh), TLS and connection pooling.
+Requests and answers stay plain JSON: no generated models, so 5,000 Workloads cost a dict
+each, not a tree of model objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from controller.live.api import JSON, ApiError
+
+DEFAULT_TIMEOUT = 30.0
+POOL_SIZE = 32
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """An authenticated `kubernetes.client.ApiClient`.
+
+    Order: an explicit kubeconfig, $KUBECONFIG / ~/.kube/config, then the in-cluster
+    service account.
+    """
+    configuration = k8s_client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    if kubeconfig or os.path.exists(path):
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, context=context, client_configuration=configuration
+        )
+    else:
+        k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+            client_configuration=configuration
+        )
+    configuration.connection_pool_maxsize = POOL_SIZE
+    return k8s_client.ApiClient(configuration)
+
+
+class KubeTransport:
+    """`controller.live.api.Transport` over a `kubernetes` ApiClient."""
+
+    def __init__(self, api_client: Any, user_agent: str = "wdrf-controller") -> None:
+        self._api = api_client
+        self._api.user_agent = user_agent
+
+    @classmethod
+    def from_config(
+        cls, kubeconfig: str | None = None, context: str | None = None
+    ) -> KubeTransport:
+        return cls(load_api_client(kubeconfig, context))
+
+    @property
+    def host(self) -> str:
+        return str(self._api.configuration.host)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        body: Any,
+        content_type: str | None,
+        timeout: Any,
+    ) -> Any:
+        headers: dict[str, str] = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        elif body is not None:
+            headers["Content-Type"] = "application/json"
+        _, url, header_params, _, _ = self._api.param_serialize(
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            auth_settings=["BearerToken"],
+        )
+        try:
+            response = self._api.rest_client.request(
+                method, url, headers=header_params, body=body, _request_timeout=timeout
+            )
+        except ApiException as e:
+            raise ApiError(int(e.status or 0), str(e.reason), str(e.body or "")) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise ApiError(0, type(e).__name__, str(e)) from e
+        raw = response.response
+        if not 200 <= response.status < 300:
+            try:
+                text = raw.data.decode("utf-8", "replace")
+            except (urllib3.exceptions.HTTPError, OSError):
+                text = ""
+            finally:
+                raw.release_conn()
+            raise ApiError(int(response.status), str(response.reason), text)
+        return raw
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        raw = self._send(method, path, query, body, content_type, timeout or DEFAULT_TIMEOUT)
+        try:
+            data = raw.data
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise ApiError(0, type(e).__name__, str(e)) from e
+        finally:
+            raw.release_conn()
+        return json.loads(data) if data else None
+
+    def stream(
+        self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> Iterator[JSON]:
+        # Read timeout a little longer than the server-side watch timeout, so a silent dead
+        # connection (apiserver gone without a FIN) still ends the watch.
+        read_timeout = (timeout or DEFAULT_TIMEOUT) + 15.0
+        raw = self._send("GET", path, query, None, None, (5.0, read_timeout))
+        return _lines(raw)
+
+
+def _lines(raw: Any) -> Iterator[JSON]:
+    pending = b""
+    try:
+        for chunk in raw.stream(16 * 1024, decode_content=True):
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line.strip():
+                    yield json.loads(line)
+        if pending.strip():
+            yield json.loads(pending)
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        raise ApiError(0, type(e).__name__, str(e)) from e
+    finally:
+        raw.release_conn()

@@ -1,0 +1,174 @@
+"""Prometheus metrics (prefix `wdrf_`) and the HTTP server for /metrics, /healthz and /readyz.
+
+Labels are bounded: class, team, ClusterQueue, resource kind, result, HTTP code. There are no
+per-workload labels.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+log = logging.getLogger(__name__)
+
+CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """All of the controller's metrics, on one registry (a fresh one per instance)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.cycle_duration = Histogram(
+            "wdrf_cycle_duration_seconds",
+            "Time of one control cycle: snapshot, plan, diff and writes.",
+            buckets=CYCLE_BUCKETS,
+            registry=r,
+        )
+        self.cycles = Counter(
+            "wdrf_cycles", "Control cycles run, by outcome.", ["outcome"], registry=r
+        )
+        self.last_cycle = Gauge(
+            "wdrf_last_cycle_timestamp_seconds", "Unix time the last cycle ended.", registry=r
+        )
+        self.pending = Gauge(
+            "wdrf_pending_workloads", "Pending workloads by priority class.", ["class"], registry=r
+        )
+        self.dominant_share = Gauge(
+            "wdrf_team_dominant_share",
+            "Weighted dominant resource share per team.",
+            ["team"],
+            registry=r,
+        )
+        self.oldest_wait = Gauge(
+            "wdrf_oldest_pending_wait_seconds",
+            "Wait of the oldest pending workload per ClusterQueue.",
+            ["cluster_queue"],
+            registry=r,
+        )
+        self.patches = Counter(
+            "wdrf_patches",
+            "Patches by target kind and result (applied, conflict, failed, refused, unsupported).",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.api_errors = Counter(
+            "wdrf_api_errors", "Failed API requests by HTTP code.", ["code"], registry=r
+        )
+        self.watch_restarts = Counter(
+            "wdrf_watch_restarts",
+            "Watch restarts by resource and reason (closed, gone, error).",
+            ["resource", "reason"],
+            registry=r,
+        )
+        self.relists = Counter(
+            "wdrf_relists", "Full LISTs by resource.", ["resource"], registry=r
+        )
+        self.events = Counter(
+            "wdrf_events", "Kubernetes Events by reason and result.", ["reason", "result"],
+            registry=r,
+        )
+        self.is_leader = Gauge(
+            "wdrf_is_leader", "1 while this replica holds the leader Lease.", registry=r
+        )
+        self.input_problems = Gauge(
+            "wdrf_input_problems", "Bad inputs found in the last cycle.", registry=r
+        )
+
+    def set_labelled(self, gauge: Gauge, values: Mapping[str, float]) -> None:
+        """Replace all series of a one-label gauge, so stale teams/queues disappear."""
+        gauge.clear()
+        for label, value in values.items():
+            gauge.labels(label).set(value)
+
+
+class Health:
+    """Liveness: the loop made progress recently. Readiness: caches synced, start-up done."""
+
+    def __init__(self, stale_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._stale_after = stale_after
+        self._clock = clock
+        self._beat = clock()
+        self._ready = False
+        self._why_not_ready = "starting"
+
+    def beat(self) -> None:
+        self._beat = self._clock()
+
+    def set_ready(self, ready: bool, why: str = "") -> None:
+        self._ready = ready
+        self._why_not_ready = why
+
+    def alive(self) -> tuple[bool, str]:
+        age = self._clock() - self._beat
+        if age > self._stale_after:
+            return False, f"control loop silent for {age:.0f}s"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        return (True, "ok") if self._ready else (False, self._why_not_ready or "not ready")
+
+
+def _handler(metrics: Metrics, health: Health) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?")[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+            elif path in ("/healthz", "/livez"):
+                self._probe(health.alive())
+            elif path == "/readyz":
+                self._probe(health.ready())
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def _probe(self, result: tuple[bool, str]) -> None:
+            ok, why = result
+            self._send(200 if ok else 503, (why + "\n").encode(), "text/plain")
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            log.debug("http: " + format, *args)
+
+    return Handler
+
+
+class HttpServer:
+    """Serves /metrics, /healthz and /readyz on one port in a daemon thread."""
+
+    def __init__(self, metrics: Metrics, health: Health, port: int, host: str = "") -> None:
+        self._server = ThreadingHTTPServer((host, port), _handler(metrics, health))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="wdrf-http", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,182 @@
+"""The applier: conflicts re-read, transient errors back off, one failure never stops others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.domain import KUEUE_PRIORITY_BOOST_ANNOTATION
+from controller.live.api import JOBS, WORKLOADS, CountingTransport, ReadOnlyTransport
+from controller.live.apply import (
+    APPLIED,
+    DEFERRED,
+    FAILED,
+    NOOP,
+    REFUSED,
+    UNSUPPORTED,
+    Applier,
+)
+from controller.live.backoff import Backoff
+from controller.live.diff import GPU_FRACTION, diff_job_hami, diff_priority
+from controller.live.fake import FakeApi
+from controller.live.metrics import Metrics
+from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
+
+
+def decision(name: str, base: int = 10, boost: int = 100,
+             hami: HamiDecision | None = None) -> WorkloadDecision:
+    return WorkloadDecision(
+        key=f"ns/{name}", uid=name, cluster_queue="cq", team="ns", rank=0, base_priority=base,
+        current_priority=base, current_boost=None, target_boost=boost,
+        target_priority=base + boost, breakdown=None, hami=hami,
+    )
+
+
+def seed(api: FakeApi, name: str, priority: int = 10) -> dict[str, Any]:
+    return api.put_object(WORKLOADS.item(name, "ns"), {
+        "metadata": {"name": name, "namespace": "ns"}, "spec": {"priority": priority}})
+
+
+def sleeps() -> tuple[list[float], Any]:
+    slept: list[float] = []
+    return slept, slept.append
+
+
+def test_applies_and_counts_metrics() -> None:
+    api, metrics = FakeApi(), Metrics()
+    wl = seed(api, "a")
+    change = diff_priority(decision("a"), wl, WORKLOADS, PriorityMode.BOOST)
+    assert change is not None
+    report = Applier(api, metrics).apply([change])
+    assert report.counts() == {APPLIED: 1}
+    stored = api.get_object(WORKLOADS.item("a", "ns"))
+    assert stored is not None
+    assert stored["metadata"]["annotations"][KUEUE_PRIORITY_BOOST_ANNOTATION] == "100"
+    assert metrics.patches.labels("Workload", APPLIED)._value.get() == 1
+
+
+def test_spec_conflict_rereads_and_retries_against_the_new_value() -> None:
+    api = FakeApi()
+    stale = seed(api, "a", priority=10)
+    change = diff_priority(decision("a"), stale, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    seed(api, "a", priority=50)  # Kueue (or a user) changed it after our read
+    report = Applier(api, Metrics()).apply([change])
+    assert report.counts() == {APPLIED: 1}
+    stored = api.get_object(WORKLOADS.item("a", "ns"))
+    assert stored is not None and stored["spec"]["priority"] == 110
+    gets = [r for r in api.requests if r[0] == "GET"]
+    assert len(gets) == 1  # exactly one re-read
+
+
+def test_conflict_that_resolves_itself_is_noop() -> None:
+    api = FakeApi()
+    stale = seed(api, "a", priority=10)
+    change = diff_priority(decision("a"), stale, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    api.put_object(WORKLOADS.item("a", "ns"), {
+        "metadata": {"name": "a", "namespace": "ns",
+                     "annotations": {"wdrf.x-k8s.io/base-priority": "10"}},
+        "spec": {"priority": 110}})
+    report = Applier(api, Metrics()).apply([change])
+    assert report.counts() == {NOOP: 1}
+
+
+def test_409_rereads() -> None:
+    api = FakeApi()
+    wl = seed(api, "a")
+    change = diff_priority(decision("a"), wl, WORKLOADS, PriorityMode.BOOST)
+    assert change is not None
+    api.fail("PATCH", "/workloads/a", 409, times=2)
+    report = Applier(api, Metrics()).apply([change])
+    assert report.counts() == {APPLIED: 1}
+    assert [m for m, _ in api.requests].count("GET") == 2
+
+
+def test_transient_errors_back_off_with_growing_delays() -> None:
+    api = FakeApi()
+    wl = seed(api, "a")
+    change = diff_priority(decision("a"), wl, WORKLOADS, PriorityMode.BOOST)
+    assert change is not None
+    api.fail("PATCH", "/workloads/a", 503, times=3)
+    slept, sleep = sleeps()
+    metrics = Metrics()
+    applier = Applier(api, metrics, max_attempts=5, retry_budget=100,
+                      backoff=lambda: Backoff(initial=1.0, cap=100.0), sleep=sleep)
+    assert applier.apply([change]).counts() == {APPLIED: 1}
+    assert len(slept) == 3
+    assert slept[0] <= 1.0 and slept[2] >= 2.0  # exponential: 3rd ceiling is 4, floor 2
+    assert metrics.api_errors.labels("503")._value.get() == 3
+
+
+def test_retry_budget_bounds_sleeping_per_cycle() -> None:
+    api = FakeApi()
+    changes = []
+    for name in ("a", "b", "c"):
+        wl = seed(api, name)
+        c = diff_priority(decision(name), wl, WORKLOADS, PriorityMode.BOOST)
+        assert c is not None
+        changes.append(c)
+    api.fail("PATCH", "/workloads/", 429, times=100)
+    slept, sleep = sleeps()
+    applier = Applier(api, Metrics(), max_attempts=10, retry_budget=3.0,
+                      backoff=lambda: Backoff(initial=1.0, cap=10.0), sleep=sleep)
+    report = applier.apply(changes)
+    assert sum(slept) <= 3.0 + 1e-9
+    assert report.counts() == {DEFERRED: 3}
+
+
+def test_one_failing_object_does_not_stop_the_others() -> None:
+    api = FakeApi()
+    changes = []
+    for name in ("a", "b", "c"):
+        wl = seed(api, name)
+        c = diff_priority(decision(name), wl, WORKLOADS, PriorityMode.BOOST)
+        assert c is not None
+        changes.append(c)
+    api.fail("PATCH", "/workloads/b", 400, times=10, message="bad")
+    report = Applier(api, Metrics()).apply(changes)
+    assert [o.result for o in report.outcomes] == [APPLIED, FAILED, APPLIED]
+
+
+def test_unreachable_apiserver_defers_the_rest_of_the_cycle() -> None:
+    api = FakeApi()
+    changes = []
+    for i in range(6):
+        wl = seed(api, f"w{i}")
+        c = diff_priority(decision(f"w{i}"), wl, WORKLOADS, PriorityMode.BOOST)
+        assert c is not None
+        changes.append(c)
+    api.fail("PATCH", "/workloads/", 0, times=100)
+    report = Applier(api, Metrics(), retry_budget=0.0).apply(changes)
+    assert report.counts() == {DEFERRED: 6}
+    assert len(api.writes()) == 3  # stopped sending after three connection failures
+
+
+def test_dry_run_transport_refuses_before_sending() -> None:
+    api = FakeApi()
+    counting = CountingTransport(api)
+    wl = seed(api, "a")
+    change = diff_priority(decision("a"), wl, WORKLOADS, PriorityMode.BOOST)
+    assert change is not None
+    report = Applier(ReadOnlyTransport(counting), Metrics()).apply([change])
+    assert report.counts() == {REFUSED: 1}
+    assert counting.writes() == 0 and api.writes() == []
+
+
+def test_fraction_422_immutable_marks_cluster_and_reports_unsupported() -> None:
+    api = FakeApi()
+    j = api.put_object(JOBS.item("j", "ns"), {
+        "metadata": {"name": "j", "namespace": "ns"},
+        "spec": {"suspend": True, "template": {"spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    d = diff_job_hami(decision("a", hami=HamiDecision(gpucores=50)), j, JOBS, None)
+    (change,) = d.changes
+    assert change.what == GPU_FRACTION
+    api.fail("PATCH", "/jobs/j", 422, message="spec.template: Invalid value: field is immutable")
+    applier = Applier(api, Metrics())
+    assert applier.apply([change]).counts() == {UNSUPPORTED: 1}
+    assert applier.resources_mutable is False
+    # and the next diff turns it into an Event instead of a write
+    again = diff_job_hami(decision("a", hami=HamiDecision(gpucores=50)), j, JOBS,
+                          applier.resources_mutable)
+    assert again.changes == () and [n.reason for n in again.notices] == ["GpuFractionNotApplied"]

@@ -1,0 +1,126 @@
+"""Informers: one LIST, then WATCH from the last resourceVersion; relist only on 410."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from controller.live.api import WORKLOADS, ApiError, CountingTransport
+from controller.live.backoff import Backoff
+from controller.live.cache import Gone, Informer, WatchSpec
+from controller.live.fake import FakeApi
+from controller.live.metrics import Metrics
+
+
+def wl(name: str, ns: str = "ns", **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": ns, "labels": labels,
+                         "managedFields": [{"manager": "x"}]}, "spec": {}}
+
+
+def setup(n: int = 3, page: int = 2) -> tuple[FakeApi, CountingTransport, Informer, list[Any]]:
+    api = FakeApi(watch_idle=0.0)
+    for i in range(n):
+        api.put_object(WORKLOADS.item(f"w{i}", "ns"), wl(f"w{i}"))
+    seen: list[Any] = []
+    counting = CountingTransport(api)
+    inf = Informer(counting, WatchSpec(WORKLOADS), Metrics(),
+                   on_event=lambda kind, old, new: seen.append((kind, old, new)), page_size=page)
+    return api, counting, inf, seen
+
+
+def test_relist_paginates_and_strips_managed_fields() -> None:
+    _, counting, inf, seen = setup(n=5, page=2)
+    inf.relist()
+    assert len(inf) == 5 and inf.synced
+    assert counting.snapshot()["GET workloads"] == 3  # 2 + 2 + 1
+    assert all("managedFields" not in o["metadata"] for o in inf.items())
+    assert len(seen) == 5 and all(old is None for _, old, _ in seen)
+
+
+def test_watch_resumes_from_last_resource_version_without_relisting() -> None:
+    api, counting, inf, seen = setup()
+    inf.relist()
+    seen.clear()
+    api.put_object(WORKLOADS.item("w9", "ns"), wl("w9"))
+    api.request("DELETE", WORKLOADS.item("w0", "ns"))
+    inf.watch_once(threading.Event())
+    assert inf.get("ns/w9") is not None and inf.get("ns/w0") is None
+    assert [(old is None, new is None) for _, old, new in seen] == [(True, False), (False, True)]
+    rv = inf.resource_version
+    inf.watch_once(threading.Event())  # nothing new: no events, rv kept
+    assert inf.resource_version == rv
+    assert counting.snapshot()["GET workloads"] == 2  # only the initial LIST pages
+
+
+def test_410_gone_raises_for_relist() -> None:
+    api, _, inf, _ = setup()
+    inf.relist()
+    api.put_object(WORKLOADS.item("w9", "ns"), wl("w9"))
+    api.compact()
+    with pytest.raises(Gone):
+        inf.watch_once(threading.Event())
+
+
+def test_relist_reports_what_changed_during_an_outage() -> None:
+    api, _, inf, seen = setup()
+    inf.relist()
+    seen.clear()
+    api.put_object(WORKLOADS.item("w1", "ns"), {**wl("w1"), "spec": {"priority": 5}})
+    api.request("DELETE", WORKLOADS.item("w2", "ns"))
+    inf.relist()
+    changed = sorted((new or old)["metadata"]["name"] for _, old, new in seen)
+    assert changed == ["w1", "w2"]
+
+
+def test_label_selector_is_sent() -> None:
+    api = FakeApi(watch_idle=0.0)
+    api.put_object(WORKLOADS.item("a", "ns"), wl("a", q="x"))
+    api.put_object(WORKLOADS.item("b", "ns"), wl("b"))
+    inf = Informer(api, WatchSpec(WORKLOADS, label_selector="q"), Metrics())
+    inf.relist()
+    assert [o["metadata"]["name"] for o in inf.items()] == ["a"]
+
+
+def test_run_loop_recovers_from_errors_and_gone_counting_restarts() -> None:
+    api, counting, _, _ = setup()
+    metrics = Metrics()
+    stop = threading.Event()
+    waits: list[float] = []
+
+    class Stopper(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout or 0.0)
+            return stop.is_set()
+
+        def is_set(self) -> bool:
+            return stop.is_set()
+
+    inf = Informer(counting, WatchSpec(WORKLOADS), metrics,
+                   backoff=Backoff(initial=0.01, cap=0.02))
+    api.fail("GET", "/workloads", 500, times=1)  # the first LIST fails
+    calls = {"n": 0}
+    real_watch = inf.watch_once
+
+    def watch(s: threading.Event) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            api.put_object(WORKLOADS.item("late", "ns"), wl("late"))
+            api.compact()  # the informer's resourceVersion is now too old
+            real_watch(s)
+        elif calls["n"] == 2:
+            raise ApiError(0, "ConnectionRefused")
+        else:
+            stop.set()
+
+    inf.watch_once = watch  # type: ignore[method-assign]
+    inf.run(Stopper())
+    assert inf.get("ns/late") is not None
+    restarts = {
+        reason: metrics.watch_restarts.labels("workloads", reason)._value.get()
+        for reason in ("error", "gone", "closed")
+    }
+    assert restarts["gone"] == 1 and restarts["error"] == 2
+    assert metrics.relists.labels("workloads")._value.get() == 2
+    assert len(waits) == 2  # backed off after each error

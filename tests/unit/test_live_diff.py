@@ -1,0 +1,262 @@
+"""The pure diff: plan decisions + current objects -> minimal patches."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from controller.domain import (
+    BASE_PRIORITY_ANNOTATION,
+    GPUCORES,
+    GPUMEM_PERCENTAGE,
+    HAMI_GPU_POLICY_ANNOTATION,
+    HAMI_NODE_POLICY_ANNOTATION,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+)
+from controller.live.api import (
+    JOBS,
+    JSON_PATCH,
+    MERGE_PATCH,
+    PODS,
+    STRATEGIC_MERGE_PATCH,
+    WORKLOADS,
+)
+from controller.live.diff import (
+    GPU_FRACTION,
+    HAMI_ANNOTATIONS,
+    diff_job_hami,
+    diff_pods_hami,
+    diff_priority,
+    pointer,
+    redo,
+)
+from controller.live.fake import json_patch, merge_patch, strategic_merge_patch
+from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
+
+
+def decision(
+    base: int = 10, boost: int = 500, hami: HamiDecision | None = None, leave: bool = False
+) -> WorkloadDecision:
+    return WorkloadDecision(
+        key="team-a/wl", uid="u1", cluster_queue="cq", team="team-a", rank=0,
+        base_priority=base, current_priority=None, current_boost=None,
+        target_boost=boost, target_priority=base + boost, breakdown=None, hami=hami,
+        leave_unchanged=leave,
+    )
+
+
+def workload(
+    priority: int | None = 10, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    wl: dict[str, Any] = {
+        "metadata": {"name": "wl", "namespace": "team-a", "uid": "u1", "resourceVersion": "7"},
+        "spec": {"queueName": "lq"},
+    }
+    if priority is not None:
+        wl["spec"]["priority"] = priority
+    if annotations is not None:
+        wl["metadata"]["annotations"] = annotations
+    return wl
+
+
+def job(suspend: bool = True, started: bool = False, template_ann: dict[str, str] | None = None,
+        limits: dict[str, str] | None = None) -> dict[str, Any]:
+    j: dict[str, Any] = {
+        "metadata": {"name": "train", "namespace": "team-a", "uid": "j1"},
+        "spec": {
+            "suspend": suspend,
+            "template": {
+                "metadata": {"annotations": dict(template_ann or {})},
+                "spec": {"containers": [
+                    {"name": "main",
+                     "resources": {"limits": dict(limits or {"nvidia.com/gpu": "1"})}},
+                    {"name": "side", "resources": {"limits": {"cpu": "1"}}},
+                ]},
+            },
+        },
+        "status": {"startTime": "2026-01-01T00:00:00Z"} if started else {},
+    }
+    return j
+
+
+def apply(obj: dict[str, Any], change: Any) -> dict[str, Any]:
+    if change.content_type == JSON_PATCH:
+        return json_patch(obj, change.body)
+    if change.content_type == STRATEGIC_MERGE_PATCH:
+        return dict(strategic_merge_patch(obj, change.body))
+    return dict(merge_patch(obj, change.body))
+
+
+# -- boost mode -------------------------------------------------------------------------------
+
+
+def test_boost_mode_writes_only_the_boost_annotation() -> None:
+    change = diff_priority(decision(), workload(), WORKLOADS, PriorityMode.BOOST)
+    assert change is not None
+    assert change.content_type == MERGE_PATCH
+    assert change.body == {"metadata": {"annotations": {KUEUE_PRIORITY_BOOST_ANNOTATION: "500"}}}
+
+
+def test_boost_mode_steady_state_writes_nothing() -> None:
+    wl = workload(annotations={KUEUE_PRIORITY_BOOST_ANNOTATION: "500"})
+    assert diff_priority(decision(), wl, WORKLOADS, PriorityMode.BOOST) is None
+
+
+def test_boost_zero_removes_the_annotation_and_absent_is_steady() -> None:
+    wl = workload(annotations={KUEUE_PRIORITY_BOOST_ANNOTATION: "500"})
+    change = diff_priority(decision(boost=0), wl, WORKLOADS, PriorityMode.BOOST)
+    assert change is not None
+    assert change.body == {"metadata": {"annotations": {KUEUE_PRIORITY_BOOST_ANNOTATION: None}}}
+    after = apply(wl, change)
+    assert diff_priority(decision(boost=0), after, WORKLOADS, PriorityMode.BOOST) is None
+
+
+def test_boost_mode_restores_spec_priority_left_by_spec_mode() -> None:
+    wl = workload(priority=510, annotations={BASE_PRIORITY_ANNOTATION: "10"})
+    change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.BOOST)
+    assert change is not None
+    after = apply(wl, change)
+    assert after["spec"]["priority"] == 10
+    assert after["metadata"]["annotations"] == {KUEUE_PRIORITY_BOOST_ANNOTATION: "500"}
+    assert diff_priority(decision(), after, WORKLOADS, PriorityMode.BOOST) is None
+
+
+# -- spec mode --------------------------------------------------------------------------------
+
+
+def test_spec_mode_tests_the_old_value_and_remembers_the_base() -> None:
+    wl = workload(priority=10)
+    change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    assert change.content_type == JSON_PATCH
+    assert change.body[0] == {"op": "test", "path": "/spec/priority", "value": 10}
+    after = apply(wl, change)
+    assert after["spec"]["priority"] == 510
+    assert after["metadata"]["annotations"][BASE_PRIORITY_ANNOTATION] == "10"
+    assert diff_priority(decision(), after, WORKLOADS, PriorityMode.SPEC) is None
+
+
+def test_spec_mode_reasserts_after_kueue_reset() -> None:
+    # Kueue reset spec.priority to the class value; our base annotation survived.
+    wl = workload(priority=10, annotations={BASE_PRIORITY_ANNOTATION: "10"})
+    change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    assert [op["op"] for op in change.body] == ["test", "add"]
+    assert apply(wl, change)["spec"]["priority"] == 510
+
+
+def test_spec_mode_test_op_fails_when_someone_changed_the_priority() -> None:
+    wl = workload(priority=10)
+    change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    moved = copy.deepcopy(wl)
+    moved["spec"]["priority"] = 99
+    with pytest.raises(Exception, match="test"):
+        json_patch(moved, change.body)
+    again = redo(change, moved)
+    assert again is not None
+    assert again.body[0] == {"op": "test", "path": "/spec/priority", "value": 99}
+
+
+def test_spec_mode_back_to_base_drops_the_base_annotation() -> None:
+    wl = workload(priority=510, annotations={BASE_PRIORITY_ANNOTATION: "10"})
+    change = diff_priority(decision(boost=0), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    after = apply(wl, change)
+    assert after["spec"]["priority"] == 10
+    assert BASE_PRIORITY_ANNOTATION not in after["metadata"]["annotations"]
+
+
+def test_spec_mode_removes_boost_left_by_boost_mode() -> None:
+    wl = workload(priority=10, annotations={KUEUE_PRIORITY_BOOST_ANNOTATION: "500"})
+    change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    after = apply(wl, change)
+    assert KUEUE_PRIORITY_BOOST_ANNOTATION not in after["metadata"]["annotations"]
+    assert after["spec"]["priority"] == 510
+
+
+def test_spec_mode_without_priority_field_has_no_test_op() -> None:
+    wl = workload(priority=None)
+    change = diff_priority(decision(base=0), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    assert all(op["op"] != "test" for op in change.body)
+    assert apply(wl, change)["spec"]["priority"] == 500
+
+
+def test_leave_unchanged_never_writes() -> None:
+    for mode in (PriorityMode.BOOST, PriorityMode.SPEC):
+        assert diff_priority(decision(leave=True), workload(), WORKLOADS, mode) is None
+
+
+def test_auto_mode_must_be_resolved() -> None:
+    with pytest.raises(ValueError):
+        diff_priority(decision(), workload(), WORKLOADS, PriorityMode.AUTO)
+
+
+def test_pointer_escapes_slashes_and_tildes() -> None:
+    assert pointer("metadata", "annotations", "a/b~c") == "/metadata/annotations/a~1b~0c"
+
+
+# -- HAMi ---------------------------------------------------------------------------------------
+
+HAMI = HamiDecision(node_policy="binpack", gpu_policy="spread", gpucores=30, gpumem_percentage=25)
+
+
+def test_hami_annotations_and_fraction_on_a_pristine_job() -> None:
+    j = job()
+    d = diff_job_hami(decision(hami=HAMI), j, JOBS, None)
+    assert not d.notices
+    whats = {c.what: c for c in d.changes}
+    assert set(whats) == {HAMI_ANNOTATIONS, GPU_FRACTION}
+    after = apply(apply(j, whats[HAMI_ANNOTATIONS]), whats[GPU_FRACTION])
+    tmpl = after["spec"]["template"]
+    assert tmpl["metadata"]["annotations"] == {
+        HAMI_NODE_POLICY_ANNOTATION: "binpack", HAMI_GPU_POLICY_ANNOTATION: "spread"}
+    main, side = tmpl["spec"]["containers"]
+    assert main["resources"]["limits"] == {
+        "nvidia.com/gpu": "1", GPUCORES: "30", GPUMEM_PERCENTAGE: "25"}
+    assert side["resources"]["limits"] == {"cpu": "1"}
+    assert diff_job_hami(decision(hami=HAMI), after, JOBS, None).changes == ()
+
+
+def test_hami_only_missing_keys_are_patched() -> None:
+    j = job(template_ann={HAMI_NODE_POLICY_ANNOTATION: "binpack", "user": "x"})
+    d = diff_job_hami(decision(hami=HamiDecision(node_policy="binpack", gpu_policy="spread")),
+                      j, JOBS, None)
+    assert [c.body for c in d.changes] == [
+        {"spec": {"template": {"metadata": {
+            "annotations": {HAMI_GPU_POLICY_ANNOTATION: "spread"}}}}}
+    ]
+
+
+def test_hami_on_started_job_is_a_notice_not_a_patch() -> None:
+    d = diff_job_hami(decision(hami=HAMI), job(started=True), JOBS, None)
+    assert d.changes == ()
+    assert [n.reason for n in d.notices] == ["HamiSettingsNotApplied"]
+
+
+def test_fraction_where_resources_are_immutable_is_a_notice() -> None:
+    d = diff_job_hami(decision(hami=HAMI), job(), JOBS, False)
+    assert [c.what for c in d.changes] == [HAMI_ANNOTATIONS]
+    assert [n.reason for n in d.notices] == ["GpuFractionNotApplied"]
+    assert "MutablePodResourcesForSuspendedJobs" in d.notices[0].message
+
+
+def test_hami_nothing_when_decision_has_no_hami() -> None:
+    d = diff_job_hami(decision(hami=None), job(), JOBS, None)
+    assert d.changes == () and d.notices == ()
+
+
+def test_gated_pods_get_annotations_ungated_are_left_alone() -> None:
+    gated = {"metadata": {"name": "p1", "namespace": "team-a", "uid": "p1"},
+             "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}],
+                      "containers": [{"name": "c", "resources": {}}]}}
+    running = {"metadata": {"name": "p2", "namespace": "team-a", "uid": "p2"},
+               "spec": {"containers": [{"name": "c", "resources": {}}]}}
+    d = diff_pods_hami(decision(hami=HamiDecision(node_policy="spread")), [gated, running], PODS)
+    assert [c.ref.name for c in d.changes] == ["p1"]
+    assert d.changes[0].body == {
+        "metadata": {"annotations": {HAMI_NODE_POLICY_ANNOTATION: "spread"}}}
