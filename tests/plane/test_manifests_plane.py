@@ -1,0 +1,522 @@
+"""manifests/ and examples/ on the real control plane (kube-apiserver with RBAC + Kueue).
+
+- every rendered manifest and every example is server-side applied with strict field
+  validation (Kueue objects are checked against the CRD schemas of the pinned Kueue module);
+- the ValidatingAdmissionPolicy is proven with impersonated users and with the controller's
+  ServiceAccount token;
+- the controller's ServiceAccount can do what the controller needs and is denied what it must
+  not do (delete Workloads, read Secrets, change ClusterQueues).
+
+Isolation on the shared plane: example namespaces, ClusterQueues and the cohort get a random
+suffix, and the policy binding gets a namespaceSelector for this module's namespaces only
+(the shipped, unscoped binding is validated with a server-side dry run).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from tests.support import kube
+from tests.support.plane import Plane
+
+pytestmark = pytest.mark.plane
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "kueue-system"
+SA = "wdrf-controller"
+SA_USER = f"system:serviceaccount:{NS}:{SA}"
+KUEUE_SA_USER = f"system:serviceaccount:{NS}:kueue-controller-manager"
+FIELD_MANAGER = "wdrf-manifests-test"
+SCOPE_LABEL = "wdrf-test.x-k8s.io/admission"
+APPROVED = "wdrf.x-k8s.io/approved"
+URGENT = "wdrf.x-k8s.io/urgent"
+OVERRIDE = "wdrf.x-k8s.io/priority-override"
+BOOST = "kueue.x-k8s.io/priority-boost"
+BASE = "wdrf.x-k8s.io/base-priority"
+USERS_GROUP = "wdrf-test:users"  # RBAC for the impersonated people below
+ORDINARY = ("alice", [USERS_GROUP])
+LEAD = ("lena", [USERS_GROUP, "wdrf:team-leads"])
+ADMIN = ("adam", [USERS_GROUP, "wdrf:admins"])
+
+Obj = dict[str, Any]
+
+# kind -> (API prefix, plural, namespaced)
+RESOURCES: dict[str, tuple[str, str, bool]] = {
+    "Namespace": ("/api/v1", "namespaces", False),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "Service": ("/api/v1", "services", True),
+    "Pod": ("/api/v1", "pods", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
+    "Job": ("/apis/batch/v1", "jobs", True),
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", False),
+    "ResourceFlavor": ("/apis/kueue.x-k8s.io/v1beta2", "resourceflavors", False),
+    "ClusterQueue": ("/apis/kueue.x-k8s.io/v1beta2", "clusterqueues", False),
+    "LocalQueue": ("/apis/kueue.x-k8s.io/v1beta2", "localqueues", True),
+}
+
+
+def obj_path(obj: Obj) -> str:
+    prefix, plural, namespaced = RESOURCES[obj["kind"]]
+    assert obj["apiVersion"] in prefix, (obj["apiVersion"], prefix)
+    ns = f"/namespaces/{obj['metadata']['namespace']}" if namespaced else ""
+    return f"{prefix}{ns}/{plural}/{obj['metadata']['name']}"
+
+
+def ssa(api: k8s.ApiClient, obj: Obj, dry_run: bool = False) -> Obj:
+    """Server-side apply with strict field validation (unknown or duplicate fields fail)."""
+    query = {"fieldManager": FIELD_MANAGER, "force": "true", "fieldValidation": "Strict"}
+    if dry_run:
+        query["dryRun"] = "All"
+    return kube.request(api, "PATCH", obj_path(obj), obj, "application/apply-patch+yaml", query)
+
+
+def render(path: Path) -> list[Obj]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is needed to render manifests/"
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                         timeout=60, check=True)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def denial(call: Callable[[], object]) -> tuple[int, str]:
+    """Run `call`, expecting the apiserver to refuse it; return (HTTP status, message)."""
+    with pytest.raises(ApiException) as info:
+        call()
+    body = info.value.body or ""
+    try:
+        message = str(json.loads(body).get("message", body))
+    except ValueError:
+        message = str(body)
+    return int(info.value.status), message
+
+
+def job_path(ns: str, name: str = "") -> str:
+    return f"/apis/batch/v1/namespaces/{ns}/jobs" + (f"/{name}" if name else "")
+
+
+def annotate(api: k8s.ApiClient, path: str, annotations: dict[str, str | None]) -> Obj:
+    return kube.request(api, "PATCH", path, {"metadata": {"annotations": annotations}})
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(scope="module")
+def admin(plane: Plane) -> k8s.ApiClient:
+    return plane.api_client()
+
+
+@pytest.fixture(scope="module")
+def suffix() -> str:
+    return uuid.uuid4().hex[:5]
+
+
+@pytest.fixture(scope="module")
+def installed(admin: k8s.ApiClient, suffix: str) -> list[Obj]:
+    """The rendered manifests, applied. The admission binding is scoped to labelled namespaces."""
+    objs = render(ROOT / "manifests")
+    for o in objs:
+        if o["kind"] == "ValidatingAdmissionPolicyBinding":
+            ssa(admin, o, dry_run=True)  # the shipped, cluster-wide binding is valid as is
+            scoped = copy.deepcopy(o)
+            scoped["spec"]["matchResources"] = {
+                "namespaceSelector": {"matchLabels": {SCOPE_LABEL: suffix}}}
+            ssa(admin, scoped)
+        else:
+            ssa(admin, o)
+    return objs
+
+
+@pytest.fixture(scope="module")
+def policy_ready(admin: k8s.ApiClient, installed: list[Obj], suffix: str) -> str:
+    """A namespace under the policy, with RBAC for the test people; waits until the policy
+    is enforced (policies are loaded asynchronously). Returns the namespace."""
+    ns = kube.create_namespace(admin, f"adm-{suffix}", {SCOPE_LABEL: suffix})
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "editor", "namespace": ns},
+            "rules": [{"apiGroups": ["batch"], "resources": ["jobs"],
+                       "verbs": ["get", "list", "create", "update", "patch"]},
+                      {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
+                       "verbs": ["get", "list", "create", "update", "patch"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "editor", "namespace": ns},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                           "name": "editor"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                             "name": USERS_GROUP},
+                            {"kind": "ServiceAccount", "name": "kueue-controller-manager",
+                             "namespace": NS}]}
+    ssa(admin, role)
+    ssa(admin, binding)
+    alice = kube.impersonating_client(admin, *ORDINARY)
+    probe = kube.job_manifest(ns, "probe", None, annotations={URGENT: "true"})
+
+    def enforced() -> bool:
+        try:
+            kube.request(alice, "POST", job_path(ns), probe, "application/json",
+                         {"dryRun": "All"})
+        except ApiException as e:
+            return "wdrf.x-k8s.io/urgent" in str(e.body)
+        return False
+
+    kube.wait_for(enforced, 60, "the admission policy to be enforced")
+    return ns
+
+
+@pytest.fixture
+def people(admin: k8s.ApiClient) -> Iterator[dict[str, k8s.ApiClient]]:
+    clients = {
+        "ordinary": kube.impersonating_client(admin, *ORDINARY),
+        "lead": kube.impersonating_client(admin, *LEAD),
+        "admin": kube.impersonating_client(admin, *ADMIN),
+    }
+    yield clients
+    for c in clients.values():
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def controller_client(admin: k8s.ApiClient, installed: list[Obj]) -> k8s.ApiClient:
+    """An ApiClient with a token of the controller's own ServiceAccount (not admin)."""
+    token = kube.service_account_token(admin, NS, SA)
+    c = kube.token_client(admin, token)
+    assert kube.whoami(c)["username"] == SA_USER
+    return c
+
+
+# ---------------------------------------------------------------------------------------------
+# Apply
+
+
+def test_every_rendered_manifest_applies(admin: k8s.ApiClient, installed: list[Obj]) -> None:
+    for o in installed:
+        live = kube.request(admin, "GET", obj_path(o))
+        assert live["metadata"]["name"] == o["metadata"]["name"]
+    dep = kube.request(admin, "GET", obj_path(next(o for o in installed
+                                                   if o["kind"] == "Deployment")))
+    assert dep["spec"]["replicas"] == 2
+
+
+def test_strict_apply_rejects_an_unknown_field(admin: k8s.ApiClient) -> None:
+    """The apply check has teeth: a misspelt field in a Kueue object is refused."""
+    cq = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+          "metadata": {"name": f"typo-{uuid.uuid4().hex[:5]}"},
+          "spec": {"cohortNmae": "x", "resourceGroups": []}}
+    status, message = denial(lambda: ssa(admin, cq, dry_run=True))
+    assert status in (400, 422) and "cohortNmae" in message, message
+
+
+def test_admission_policy_type_checks(admin: k8s.ApiClient, installed: list[Obj]) -> None:
+    path = obj_path(next(o for o in installed if o["kind"] == "ValidatingAdmissionPolicy"))
+
+    def checked() -> Obj | None:
+        vap = kube.request(admin, "GET", path)
+        st = vap.get("status") or {}
+        done = st.get("observedGeneration") == vap["metadata"]["generation"]
+        return vap if done else None
+
+    vap = kube.wait_for(checked, 30, "the policy's type check")
+    assert not (vap["status"].get("typeChecking") or {}).get("expressionWarnings"), vap["status"]
+    conditions = vap["status"].get("conditions") or []
+    assert not [c for c in conditions if c.get("status") == "False"], conditions
+
+
+def _examples(suffix: str) -> list[Obj]:
+    """examples/queues and examples/jobs with namespaces, ClusterQueues and the cohort renamed
+    so this test cannot collide with others on the shared plane."""
+    docs: list[Obj] = []
+    renames = {"team-a": f"team-a-{suffix}", "team-b": f"team-b-{suffix}",
+               "team-c": f"team-c-{suffix}", "shared-h100": f"shared-h100-{suffix}",
+               "h100-pool": f"h100-pool-{suffix}"}
+    for sub in ("queues", "jobs"):
+        for f in sorted((ROOT / "examples" / sub).glob("*.yaml")):
+            text = f.read_text(encoding="utf-8")
+            for old, new in renames.items():
+                text = text.replace(old, new)
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    order = ["Namespace", "ResourceFlavor", "ClusterQueue", "LocalQueue", "Job", "Pod"]
+    return sorted(docs, key=lambda d: order.index(d["kind"]))
+
+
+def test_every_example_applies_and_kueue_takes_it(admin: k8s.ApiClient, suffix: str,
+                                                  installed: list[Obj]) -> None:
+    docs = _examples(suffix)
+    for d in docs:
+        if d["kind"] == "Namespace":
+            d["metadata"].setdefault("labels", {})[SCOPE_LABEL] = suffix  # under the policy
+        ssa(admin, d)
+    # Queues are usable: every ClusterQueue and LocalQueue turns Active.
+    for d in docs:
+        if d["kind"] in ("ClusterQueue", "LocalQueue"):
+            kube.wait_for(lambda d=d: kube.has_condition(  # type: ignore[misc]
+                kube.request(admin, "GET", obj_path(d)), "Active"), 30,
+                f"{d['kind']} {d['metadata']['name']} Active")
+    cohort = [d for d in docs if d["kind"] == "ClusterQueue" and d["spec"].get("cohortName")]
+    assert len(cohort) >= 2
+    # Kueue made a Workload for every Job and for the pod group; class annotations are not
+    # copied onto Workloads (Kueue copies only provisioning-request annotations by default).
+    for d in docs:
+        ns = d["metadata"].get("namespace")
+        if d["kind"] == "Job":
+            wl = kube.workload_for_job(admin, ns, d["metadata"]["name"])
+            assert not [k for k in (wl["metadata"].get("annotations") or {})
+                        if k.startswith("wdrf.x-k8s.io/")], wl["metadata"]
+        if d["kind"] == "Pod":
+            pod = kube.request(admin, "GET", obj_path(d))
+            gates = [g["name"] for g in pod["spec"].get("schedulingGates") or []]
+            assert "kueue.x-k8s.io/admission" in gates, pod["spec"]
+            group = d["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"]
+            kube.wait_for(lambda ns=ns, group=group: any(  # type: ignore[misc]
+                w["metadata"]["name"] == group for w in kube.list_workloads(admin, ns)),
+                30, f"the pod group Workload {ns}/{group}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Admission policy
+
+
+def test_ordinary_user_cannot_set_class_annotations_on_jobs(
+        policy_ready: str, people: dict[str, k8s.ApiClient]) -> None:
+    ns, alice = policy_ready, people["ordinary"]
+    for key, who in ((APPROVED, "wdrf:team-leads, wdrf:admins"), (URGENT, "wdrf:admins"),
+                     (OVERRIDE, "wdrf:admins")):
+        body = kube.job_manifest(ns, f"j-{uuid.uuid4().hex[:5]}", None, annotations={key: "1"})
+        status, message = denial(lambda body=body: kube.request(  # type: ignore[misc]
+            alice, "POST", job_path(ns), body, "application/json"))
+        assert status == 403, (status, message)
+        assert f"{key} may only be set, changed or removed by members of the groups {who}" \
+            in message, message
+        assert "user alice is in none of them" in message, message
+    # A Job without class annotations is fine, and so are unrelated annotations.
+    name = f"j-{uuid.uuid4().hex[:5]}"
+    kube.request(alice, "POST", job_path(ns),
+                 kube.job_manifest(ns, name, None, annotations={"team/note": "x"}),
+                 "application/json")
+    for key in (APPROVED, URGENT, OVERRIDE):
+        status, message = denial(lambda key=key: annotate(  # type: ignore[misc]
+            alice, job_path(ns, name), {key: "true"}))
+        assert status == 403 and key in message, message
+    annotate(alice, job_path(ns, name), {"team/note": "y"})
+
+
+def test_team_lead_may_approve_but_not_make_urgent(
+        policy_ready: str, people: dict[str, k8s.ApiClient]) -> None:
+    ns, lena, alice = policy_ready, people["lead"], people["ordinary"]
+    name = f"j-{uuid.uuid4().hex[:5]}"
+    kube.request(alice, "POST", job_path(ns), kube.job_manifest(ns, name, None),
+                 "application/json")
+    job = annotate(lena, job_path(ns, name), {APPROVED: "true"})
+    assert job["metadata"]["annotations"][APPROVED] == "true"
+    status, message = denial(lambda: annotate(lena, job_path(ns, name), {URGENT: "true"}))
+    assert status == 403 and "wdrf.x-k8s.io/urgent" in message and "wdrf:admins" in message
+    assert "user lena" in message
+    denial(lambda: annotate(lena, job_path(ns, name), {OVERRIDE: "900"}))
+    # The owner may still edit the Job when the approved value stays as it is ...
+    annotate(alice, job_path(ns, name), {"team/note": "after approval"})
+    # ... but may not withdraw or change the approval.
+    status, message = denial(lambda: annotate(alice, job_path(ns, name), {APPROVED: None}))
+    assert status == 403 and APPROVED in message
+    denial(lambda: annotate(alice, job_path(ns, name), {APPROVED: "false"}))
+
+
+def test_admin_may_set_every_class_annotation(
+        policy_ready: str, people: dict[str, k8s.ApiClient]) -> None:
+    ns, adam = policy_ready, people["admin"]
+    name = f"j-{uuid.uuid4().hex[:5]}"
+    kube.request(adam, "POST", job_path(ns), kube.job_manifest(
+        ns, name, None, annotations={URGENT: "true", APPROVED: "true"}), "application/json")
+    job = annotate(adam, job_path(ns, name), {OVERRIDE: "5000", URGENT: None})
+    ann = job["metadata"]["annotations"]
+    assert ann[OVERRIDE] == "5000" and URGENT not in ann and ann[APPROVED] == "true"
+
+
+def _workload(admin: k8s.ApiClient, ns: str) -> Obj:
+    """A pending Workload made by Kueue for a fresh Job in `ns` (via a LocalQueue)."""
+    lq = "lq"
+    try:
+        kube.create_queues(admin, ns, {"cpu": "1"})
+    except ApiException as e:
+        if e.status != 409:
+            raise
+    name = f"w-{uuid.uuid4().hex[:5]}"
+    kube.create_job(admin, ns, name, lq, requests={"cpu": "4"})  # never fits: stays pending
+    return kube.workload_for_job(admin, ns, name)
+
+
+def test_workload_class_annotations_follow_the_same_rules(
+        admin: k8s.ApiClient, policy_ready: str, people: dict[str, k8s.ApiClient]) -> None:
+    ns = policy_ready
+    wl = _workload(admin, ns)
+    path = kube.kueue_path("workloads", wl["metadata"]["name"], ns)
+    alice, lena, adam = people["ordinary"], people["lead"], people["admin"]
+    for key in (APPROVED, URGENT, OVERRIDE, BOOST, BASE):
+        status, message = denial(lambda key=key: annotate(  # type: ignore[misc]
+            alice, path, {key: "7"}))
+        assert status == 403 and key in message and "alice" in message, message
+    annotate(lena, path, {APPROVED: "true"})
+    status, message = denial(lambda: annotate(lena, path, {URGENT: "true"}))
+    assert status == 403 and "wdrf:admins" in message
+    out = annotate(adam, path, {URGENT: "true", OVERRIDE: "100"})
+    assert out["metadata"]["annotations"][URGENT] == "true"
+    # The same rules through the served v1beta1 API (converted by Kueue's webhook).
+    v1 = kube.kueue_path("workloads", wl["metadata"]["name"], ns, version="v1beta1")
+    denial(lambda: annotate(alice, v1, {APPROVED: None}))
+
+
+def test_controller_and_kueue_service_accounts_are_not_blocked(
+        admin: k8s.ApiClient, policy_ready: str, controller_client: k8s.ApiClient) -> None:
+    ns = policy_ready
+    wl = _workload(admin, ns)
+    name = wl["metadata"]["name"]
+    # What the controller writes in boost mode and in spec mode.
+    kube.set_priority_boost(controller_client, ns, name, 1234)
+    out = kube.patch_workload(controller_client, ns, name,
+                              {"metadata": {"annotations": {BASE: "0"}},
+                               "spec": {"priority": 1234}})
+    assert out["metadata"]["annotations"][BOOST] == "1234"
+    assert out["metadata"]["annotations"][BASE] == "0" and out["spec"]["priority"] == 1234
+    # HAMi annotations on a suspended Job's pod template (no class annotation involved, but the
+    # Job carries one, so the policy evaluates the request).
+    jname = f"j-{uuid.uuid4().hex[:5]}"
+    kube.create_job(admin, ns, jname, None, annotations={APPROVED: "true"})
+    kube.request(controller_client, "PATCH", job_path(ns, jname), {"spec": {"template": {
+        "metadata": {"annotations": {"hami.io/node-scheduler-policy": "binpack"}}}}})
+    # Kueue's ServiceAccount creating a Workload that carries a class annotation (as it would if
+    # configured to copy it from the Job) is allowed.
+    kueue = kube.impersonating_client(admin, KUEUE_SA_USER, ["system:serviceaccounts"])
+    copy_of = copy.deepcopy(wl)
+    body = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": f"copy-{uuid.uuid4().hex[:5]}", "namespace": ns,
+                         "annotations": {APPROVED: "true", URGENT: "true"}},
+            "spec": {"queueName": "lq", "podSets": copy_of["spec"]["podSets"]}}
+    created = kube.request(kueue, "POST", kube.kueue_path("workloads", namespace=ns), body,
+                           "application/json")
+    assert created["metadata"]["annotations"][URGENT] == "true"
+
+
+def test_changing_the_params_changes_who_may_approve(
+        admin: k8s.ApiClient, policy_ready: str, people: dict[str, k8s.ApiClient]) -> None:
+    """The group names are configuration: with teamLeadGroups changed, the old group is out."""
+    ns = policy_ready
+    cm_path = f"/api/v1/namespaces/{NS}/configmaps/wdrf-admission-params"
+    old = kube.request(admin, "GET", cm_path)["data"]["teamLeadGroups"]
+    name = f"j-{uuid.uuid4().hex[:5]}"
+    kube.create_job(admin, ns, name, None)
+    probe = kube.job_manifest(ns, f"p-{uuid.uuid4().hex[:5]}", None,
+                              annotations={APPROVED: "true"})
+    try:
+        kube.request(admin, "PATCH", cm_path, {"data": {"teamLeadGroups": "wdrf:approvers"}})
+
+        def lead_refused() -> bool:
+            try:
+                kube.request(people["lead"], "POST", job_path(ns), probe, "application/json",
+                             {"dryRun": "All"})
+            except ApiException as e:
+                return "wdrf:approvers" in str(e.body)
+            return False
+
+        kube.wait_for(lead_refused, 30, "the new teamLeadGroups to take effect")
+        approver = kube.impersonating_client(admin, "abe", [USERS_GROUP, "wdrf:approvers"])
+        annotate(approver, job_path(ns, name), {APPROVED: "true"})
+    finally:
+        kube.request(admin, "PATCH", cm_path, {"data": {"teamLeadGroups": old}})
+
+    def lead_allowed_again() -> bool:
+        kube.request(people["lead"], "POST", job_path(ns), probe, "application/json",
+                     {"dryRun": "All"})
+        return True
+
+    kube.wait_for(lead_allowed_again, 30, "teamLeadGroups restored")
+
+
+# ---------------------------------------------------------------------------------------------
+# The controller's identity: allowed exactly what it needs
+
+
+def _can(api: k8s.ApiClient, verb: str, group: str, resource: str,
+         namespace: str | None = None, name: str | None = None) -> bool:
+    attrs: Obj = {"verb": verb, "group": group, "resource": resource}
+    if namespace:
+        attrs["namespace"] = namespace
+    if name:
+        attrs["name"] = name
+    r = kube.request(api, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                     {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                      "spec": {"resourceAttributes": attrs}}, "application/json")
+    return bool(r["status"]["allowed"])
+
+
+def test_controller_identity_can_do_what_it_needs(controller_client: k8s.ApiClient) -> None:
+    from tests.unit.test_manifests import EXPECTED_CLUSTER_RULES, EXPECTED_NAMESPACE_RULES
+
+    for group, resource, verb in sorted(EXPECTED_CLUSTER_RULES):
+        assert _can(controller_client, verb, group, resource, "team-x"), (group, resource, verb)
+    for group, resource, verb in sorted(EXPECTED_NAMESPACE_RULES):
+        assert _can(controller_client, verb, group, resource, NS), (group, resource, verb)
+    # Really reads Kueue's manager configuration.
+    kube.request(controller_client, "GET", f"/api/v1/namespaces/{NS}/configmaps/"
+                 "kueue-manager-config")
+
+
+def test_controller_identity_is_denied_what_it_must_not_do(
+        admin: k8s.ApiClient, controller_client: k8s.ApiClient, suffix: str) -> None:
+    c = controller_client
+    for verb, group, resource, ns in (
+            ("delete", "kueue.x-k8s.io", "workloads", "team-x"),
+            ("create", "kueue.x-k8s.io", "workloads", "team-x"),
+            ("update", "kueue.x-k8s.io", "workloads", "team-x"),
+            ("get", "", "secrets", NS), ("list", "", "secrets", None),
+            ("watch", "", "secrets", "team-x"),
+            ("patch", "kueue.x-k8s.io", "clusterqueues", None),
+            ("update", "kueue.x-k8s.io", "clusterqueues", None),
+            ("delete", "kueue.x-k8s.io", "clusterqueues", None),
+            ("create", "kueue.x-k8s.io", "clusterqueues", None),
+            ("delete", "batch", "jobs", "team-x"), ("create", "batch", "jobs", "team-x"),
+            ("delete", "", "pods", "team-x"), ("create", "", "pods", "team-x"),
+            ("patch", "", "nodes", None), ("delete", "", "configmaps", NS),
+            ("get", "", "configmaps", "team-x"), ("create", "", "configmaps", "team-x"),
+            ("delete", "coordination.k8s.io", "leases", NS),
+            ("create", "", "serviceaccounts/token", NS),
+            ("impersonate", "", "users", None), ("escalate", "rbac.authorization.k8s.io",
+                                                  "clusterroles", None)):
+        assert not _can(c, verb, group, resource, ns), (verb, group, resource, ns)
+
+    # And real attempts fail with 403.
+    ns = kube.create_namespace(admin, f"deny-{suffix}")
+    cq, lq = kube.create_queues(admin, ns, {"cpu": "1"})
+    kube.create_job(admin, ns, "victim", lq, requests={"cpu": "4"})
+    wl = kube.workload_for_job(admin, ns, "victim")
+    status, _ = denial(lambda: kube.request(
+        c, "DELETE", kube.kueue_path("workloads", wl["metadata"]["name"], ns)))
+    assert status == 403
+    status, _ = denial(lambda: kube.request(c, "GET", f"/api/v1/namespaces/{NS}/secrets"))
+    assert status == 403
+    status, _ = denial(lambda: kube.request(c, "GET", "/api/v1/secrets"))
+    assert status == 403
+    status, _ = denial(lambda: kube.request(
+        c, "PATCH", kube.kueue_path("clusterqueues", cq), {"spec": {"stopPolicy": "Hold"}}))
+    assert status == 403
+    # The patches it does need go through.
+    kube.set_priority_boost(c, ns, wl["metadata"]["name"], 5)
