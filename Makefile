@@ -33,4 +33,4 @@ test: venv tools lint
 	$(PY) -m pytest
 
 cluster: venv tools
-	$(PY) -m tools.cluster
+	$(PY) -m tests.support.cluster $(CLUSTER_ARGS)

@@ -1,0 +1,68 @@
+"""Developer entry point: start the test control plane in the foreground until Ctrl-C.
+
+    make cluster                         # or: .venv/bin/python -m tests.support.cluster
+    python -m tests.support.cluster --e2e --gpu-nodes 2 --no-priority-boost
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from types import FrameType
+
+from tests.support import kube
+from tests.support.plane import KueueSettings, Plane
+from tests.support.procs import PlaneError
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m tests.support.cluster", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--e2e", action="store_true",
+                    help="also run kube-controller-manager, kube-scheduler and kwok")
+    ap.add_argument("--gpu-nodes", type=int, default=0,
+                    help="fake kwok GPU nodes to create (implies --e2e)")
+    ap.add_argument("--no-priority-boost", action="store_true",
+                    help="start Kueue with the PriorityBoost feature gate off")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir after exit")
+    return ap.parse_args(argv)
+
+
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the plane, print how to use it, wait for Ctrl-C, stop everything."""
+    args = _parse(argv)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    e2e = args.e2e or args.gpu_nodes > 0
+    settings = KueueSettings(priority_boost=not args.no_priority_boost)
+    t0 = time.monotonic()
+    try:
+        with Plane.temporary(settings, e2e=e2e, keep=args.keep) as plane:
+            api = plane.api_client()
+            for i in range(args.gpu_nodes):
+                kube.create_gpu_node(api, f"gpu-node-{i}", gpus=8)
+            print(f"\ncontrol plane up in {time.monotonic() - t0:.1f}s "
+                  f"(Kueue PriorityBoost={'on' if settings.priority_boost else 'off'}"
+                  f"{', e2e' if e2e else ''})")
+            print(f"  export KUBECONFIG={plane.kubeconfig}")
+            print(f"  kubectl --kubeconfig {plane.kubeconfig} get clusterqueues,workloads -A")
+            print(f"  logs: {plane.logs}")
+            print("Ctrl-C stops everything.", flush=True)
+            while True:
+                time.sleep(2)
+                plane.check_alive()
+    except KeyboardInterrupt:
+        print("\nstopping ...")
+        return 0
+    except PlaneError as e:
+        print(f"control plane failed: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
