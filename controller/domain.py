@@ -281,3 +281,6 @@ class ClusterSnapshot:
     jobs: tuple[JobInfo, ...] = ()
     nodes: tuple[NodeInventory, ...] = ()
     problems: tuple[InputProblem, ...] = ()  # objects that could not be parsed at all
+    # When the state was observed: the live controller's clock, or for a file the newest
+    # timestamp in it (kubectl output carries no capture time). None when unknown.
+    observed: datetime | None = None

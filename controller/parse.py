@@ -1,0 +1,592 @@
+"""Kubernetes objects (dicts, as `kubectl get -o yaml` or the API return them) -> domain objects.
+
+Speaks Kueue v1beta2 and v1beta1 (see kueue.md: `priorityClassRef` vs `priorityClassName`,
+`cohortName` vs `cohort`), batch/v1 Jobs and v1 Nodes (via `controller.inventory` when present).
+One bad object never stops the rest: it becomes an InputProblem naming the object and field.
+Only a file that cannot be read or parsed at all raises `SnapshotFileError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from controller.domain import (
+    EMPTY_MAPPING,
+    Admission,
+    ClusterQueue,
+    ClusterSnapshot,
+    Container,
+    InputProblem,
+    JobInfo,
+    KueueApiVersion,
+    LocalQueue,
+    NodeInventory,
+    ObjectRef,
+    PodSet,
+    Preemption,
+    ResourceQuota,
+    Workload,
+    frozen_resources,
+)
+from controller.quantity import parse_quantity
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+AFS_MODE = "UsageBasedAdmissionFairSharing"
+SNAPSHOT_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+class SnapshotFileError(Exception):
+    """A snapshot file that cannot be read or parsed at all (the CLI exits 2)."""
+
+
+class _Bad(Exception):
+    """Internal: the object cannot be used at all."""
+
+    def __init__(self, field: str, value: object, message: str) -> None:
+        super().__init__(message)
+        self.field, self.value, self.message = field, value, message
+
+
+def _show(value: object) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class _Ctx:
+    """Collects problems for one object."""
+
+    def __init__(self, ref: ObjectRef) -> None:
+        self.ref = ref
+        self.problems: list[InputProblem] = []
+
+    def problem(self, field: str, value: object, message: str) -> None:
+        self.problems.append(InputProblem(self.ref, field, _show(value), message))
+
+
+def _map(value: object, field: str, *, required: bool = False) -> Mapping[str, Any]:
+    if value is None:
+        if required:
+            raise _Bad(field, "", "missing")
+        return EMPTY_MAPPING
+    if not isinstance(value, Mapping):
+        raise _Bad(field, value, "expected a mapping")
+    return value
+
+
+def _list(value: object, field: str) -> Sequence[Any]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise _Bad(field, value, "expected a list")
+    return value
+
+
+def _strings(ctx: _Ctx, value: object, field: str) -> Mapping[str, str]:
+    """Labels/annotations: string -> string; non-string entries are reported and dropped."""
+    if value is None:
+        return EMPTY_MAPPING
+    if not isinstance(value, Mapping):
+        ctx.problem(field, value, "expected a mapping of strings")
+        return EMPTY_MAPPING
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if isinstance(k, str) and isinstance(v, str):
+            out[k] = v
+        else:
+            ctx.problem(f"{field}[{k}]", v, "expected a string value (quote it in YAML)")
+    return MappingProxyType(out)
+
+
+def _time(value: object, field: str) -> datetime:
+    if isinstance(value, datetime):  # YAML may already have parsed an unquoted timestamp
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if not isinstance(value, str) or not value:
+        raise _Bad(field, value if value is not None else "", "missing or not a timestamp")
+    try:
+        ts = datetime.fromisoformat(value)
+    except ValueError:
+        raise _Bad(field, value, "not an RFC 3339 timestamp") from None
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
+
+
+def _int(value: object, field: str, *, lo: int = -(2**31), hi: int = 2**31 - 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _Bad(field, value, f"expected an integer {lo}..{hi}")
+    return value
+
+
+def _meta(obj: Mapping[str, Any], kind: str) -> tuple[ObjectRef, Mapping[str, Any]]:
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, Mapping) else EMPTY_MAPPING
+    name = meta.get("name")
+    ns = meta.get("namespace")
+    ref = ObjectRef(
+        kind,
+        name if isinstance(name, str) and name else "<unnamed>",
+        ns if isinstance(ns, str) else "",
+        str(meta.get("uid") or ""),
+        str(obj.get("apiVersion") or ""),
+    )
+    return ref, meta
+
+
+def _resources(
+    ctx: _Ctx, raw: object, field: str
+) -> dict[str, Decimal]:
+    """Effective requests of a container: limits first, then requests (HAMi's reading)."""
+    res = _map(raw, field)
+    merged: dict[str, Decimal] = {}
+    for part in ("requests", "limits"):  # limits applied last, so they win
+        values = _map(res.get(part), f"{field}.{part}")
+        for name, q in values.items():
+            try:
+                merged[str(name)] = parse_quantity(q)
+            except ValueError as exc:
+                ctx.problem(f"{field}.{part}.{name}", q, str(exc))
+    return merged
+
+
+def _containers(ctx: _Ctx, pod_spec: Mapping[str, Any], field: str) -> tuple[Container, ...]:
+    out = []
+    for i, c in enumerate(_list(pod_spec.get("containers"), f"{field}.containers")):
+        cf = f"{field}.containers[{i}]"
+        c = _map(c, cf)
+        raw_name = c.get("name")
+        name = raw_name if isinstance(raw_name, str) else str(i)
+        resources = _resources(ctx, c.get("resources"), f"{cf}.resources")
+        out.append(Container(name, frozen_resources(resources)))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _api_version(obj: Mapping[str, Any]) -> KueueApiVersion:
+    return (
+        KueueApiVersion.V1BETA1
+        if obj.get("apiVersion") == KueueApiVersion.V1BETA1.value
+        else KueueApiVersion.V1BETA2
+    )
+
+
+def _conditions(ctx: _Ctx, status: Mapping[str, Any]) -> dict[str, bool]:
+    out: dict[str, bool] = {}
+    for i, c in enumerate(_list(status.get("conditions"), "status.conditions")):
+        if not isinstance(c, Mapping) or not isinstance(c.get("type"), str):
+            ctx.problem(f"status.conditions[{i}]", c, "expected a condition with a type")
+            continue
+        out[c["type"]] = c.get("status") == "True"
+    return out
+
+
+def parse_workload(obj: Mapping[str, Any]) -> tuple[Workload | None, list[InputProblem]]:
+    """A Kueue Workload (v1beta1 or v1beta2). None when it cannot be used at all."""
+    ref, meta = _meta(obj, "Workload")
+    ctx = _Ctx(ref)
+    try:
+        if ref.name == "<unnamed>":
+            raise _Bad("metadata.name", "", "missing")
+        if not ref.namespace:
+            raise _Bad("metadata.namespace", "", "missing")
+        created = _time(meta.get("creationTimestamp"), "metadata.creationTimestamp")
+        spec = _map(obj.get("spec"), "spec", required=True)
+        queue = spec.get("queueName")
+        if not isinstance(queue, str) or not queue:
+            raise _Bad("spec.queueName", queue or "", "missing")
+        pod_sets = []
+        raw_sets = _list(spec.get("podSets"), "spec.podSets")
+        if not raw_sets:
+            raise _Bad("spec.podSets", "", "missing or empty")
+        for i, ps in enumerate(raw_sets):
+            pf = f"spec.podSets[{i}]"
+            ps = _map(ps, pf)
+            count = _int(ps.get("count", 1), f"{pf}.count", lo=0)
+            tmpl = _map(ps.get("template"), f"{pf}.template")
+            tmeta = _map(tmpl.get("metadata"), f"{pf}.template.metadata")
+            pod_sets.append(PodSet(
+                name=str(ps.get("name") or f"podset-{i}"),
+                count=count,
+                containers=_containers(
+                    ctx, _map(tmpl.get("spec"), f"{pf}.template.spec"), f"{pf}.template.spec"
+                ),
+                annotations=_strings(ctx, tmeta.get("annotations"),
+                                     f"{pf}.template.metadata.annotations"),
+            ))
+        priority = spec.get("priority")
+        if priority is not None:
+            try:
+                priority = _int(priority, "spec.priority")
+            except _Bad as bad:
+                ctx.problem(bad.field, bad.value, bad.message)
+                priority = None
+        pc_ref = spec.get("priorityClassRef")
+        pc_name = spec.get("priorityClassName")
+        if isinstance(pc_ref, Mapping) and isinstance(pc_ref.get("name"), str):
+            pc_name = pc_ref["name"]
+        active = spec.get("active", True)
+        if not isinstance(active, bool):
+            ctx.problem("spec.active", active, "expected true or false; treated as true")
+            active = True
+
+        status = obj.get("status")
+        if status is not None and not isinstance(status, Mapping):
+            ctx.problem("status", status, "expected a mapping; treated as no status")
+            status = None
+        status = status or EMPTY_MAPPING
+        conds = _conditions(ctx, status)
+        quota_reserved = conds.get("QuotaReserved", False)
+        admission = None
+        raw_adm = status.get("admission")
+        if raw_adm is not None:
+            admission = _admission(ctx, raw_adm)
+        elif quota_reserved:
+            ctx.problem("status.admission", "", "QuotaReserved=True but no status.admission: "
+                        "usage taken from the pod set requests")
+        owner = None
+        for i, o in enumerate(_list(meta.get("ownerReferences"), "metadata.ownerReferences")):
+            if isinstance(o, Mapping) and o.get("controller") is True:
+                owner = ObjectRef(str(o.get("kind", "")), str(o.get("name", "")), ref.namespace,
+                                  str(o.get("uid", "")), str(o.get("apiVersion", "")))
+                break
+            if not isinstance(o, Mapping):
+                ctx.problem(f"metadata.ownerReferences[{i}]", o, "expected a mapping")
+        workload = Workload(
+            namespace=ref.namespace,
+            name=ref.name,
+            uid=ref.uid,
+            api_version=_api_version(obj),
+            queue_name=queue,
+            created=created,
+            pod_sets=tuple(pod_sets),
+            priority=priority,
+            priority_class_name=pc_name if isinstance(pc_name, str) else None,
+            active=active,
+            quota_reserved=quota_reserved,
+            admitted=conds.get("Admitted", False),
+            finished=conds.get("Finished", False),
+            admission=admission,
+            labels=_strings(ctx, meta.get("labels"), "metadata.labels"),
+            annotations=_strings(ctx, meta.get("annotations"), "metadata.annotations"),
+            owner=owner,
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )
+    except _Bad as bad:
+        ctx.problem(bad.field, bad.value, f"{bad.message}; object skipped")
+        return None, ctx.problems
+    return workload, ctx.problems
+
+
+def _admission(ctx: _Ctx, raw: object) -> Admission | None:
+    try:
+        adm = _map(raw, "status.admission")
+        cq = adm.get("clusterQueue")
+        if not isinstance(cq, str) or not cq:
+            raise _Bad("status.admission.clusterQueue", cq or "", "missing")
+        usage: dict[str, Decimal] = {}
+        flavors: dict[str, str] = {}
+        for i, psa in enumerate(_list(adm.get("podSetAssignments"),
+                                      "status.admission.podSetAssignments")):
+            pf = f"status.admission.podSetAssignments[{i}]"
+            psa = _map(psa, pf)
+            for name, q in _map(psa.get("resourceUsage"), f"{pf}.resourceUsage").items():
+                try:
+                    usage[str(name)] = usage.get(str(name), Decimal(0)) + parse_quantity(q)
+                except ValueError as exc:
+                    ctx.problem(f"{pf}.resourceUsage.{name}", q, str(exc))
+            for name, fl in _map(psa.get("flavors"), f"{pf}.flavors").items():
+                flavors[str(name)] = str(fl)
+        return Admission(cq, frozen_resources(usage), MappingProxyType(flavors))
+    except _Bad as bad:
+        ctx.problem(bad.field, bad.value, bad.message)
+        return None
+
+
+def parse_cluster_queue(obj: Mapping[str, Any]) -> tuple[ClusterQueue | None, list[InputProblem]]:
+    ref, _ = _meta(obj, "ClusterQueue")
+    ctx = _Ctx(ref)
+    try:
+        if ref.name == "<unnamed>":
+            raise _Bad("metadata.name", "", "missing")
+        spec = _map(obj.get("spec"), "spec", required=True)
+        quotas: list[ResourceQuota] = []
+        for gi, group in enumerate(_list(spec.get("resourceGroups"), "spec.resourceGroups")):
+            gf = f"spec.resourceGroups[{gi}]"
+            group = _map(group, gf)
+            for fi, fl in enumerate(_list(group.get("flavors"), f"{gf}.flavors")):
+                ff = f"{gf}.flavors[{fi}]"
+                fl = _map(fl, ff)
+                for ri, r in enumerate(_list(fl.get("resources"), f"{ff}.resources")):
+                    rf = f"{ff}.resources[{ri}]"
+                    r = _map(r, rf)
+                    try:
+                        quotas.append(ResourceQuota(
+                            flavor=str(fl.get("name", "")),
+                            resource=str(r.get("name", "")),
+                            nominal=parse_quantity(r.get("nominalQuota", 0)),
+                            borrowing_limit=_opt_q(r.get("borrowingLimit")),
+                            lending_limit=_opt_q(r.get("lendingLimit")),
+                        ))
+                    except ValueError as exc:
+                        ctx.problem(f"{rf}.nominalQuota", r.get("nominalQuota"), str(exc))
+        cohort = spec.get("cohortName", spec.get("cohort"))
+        pre = _map(spec.get("preemption"), "spec.preemption")
+        fs = _map(spec.get("fairSharing"), "spec.fairSharing")
+        weight = None
+        if fs.get("weight") is not None:
+            try:
+                weight = parse_quantity(fs["weight"])
+            except ValueError as exc:
+                ctx.problem("spec.fairSharing.weight", fs["weight"], str(exc))
+        scope = _map(spec.get("admissionScope"), "spec.admissionScope")
+        cq = ClusterQueue(
+            name=ref.name,
+            api_version=_api_version(obj),
+            quotas=tuple(quotas),
+            cohort=cohort if isinstance(cohort, str) and cohort else None,
+            queueing_strategy=str(spec.get("queueingStrategy") or "BestEffortFIFO"),
+            preemption=Preemption(
+                within_cluster_queue=str(pre.get("withinClusterQueue") or "Never"),
+                reclaim_within_cohort=str(pre.get("reclaimWithinCohort") or "Never"),
+                borrow_within_cohort=_borrow(pre.get("borrowWithinCohort")),
+            ),
+            fair_sharing_weight=weight,
+            admission_fair_sharing=scope.get("admissionMode") == AFS_MODE,
+        )
+    except _Bad as bad:
+        ctx.problem(bad.field, bad.value, f"{bad.message}; object skipped")
+        return None, ctx.problems
+    return cq, ctx.problems
+
+
+def _borrow(raw: object) -> str:
+    if isinstance(raw, Mapping):
+        return str(raw.get("policy") or "Never")
+    return str(raw or "Never")
+
+
+def _opt_q(raw: object) -> Decimal | None:
+    return None if raw is None else parse_quantity(raw)
+
+
+def parse_local_queue(obj: Mapping[str, Any]) -> tuple[LocalQueue | None, list[InputProblem]]:
+    ref, _ = _meta(obj, "LocalQueue")
+    ctx = _Ctx(ref)
+    try:
+        if ref.name == "<unnamed>" or not ref.namespace:
+            raise _Bad("metadata", "", "name and namespace are required")
+        spec = _map(obj.get("spec"), "spec", required=True)
+        cq = spec.get("clusterQueue")
+        if not isinstance(cq, str) or not cq:
+            raise _Bad("spec.clusterQueue", cq or "", "missing")
+        fs = _map(spec.get("fairSharing"), "spec.fairSharing")
+        weight = None
+        if fs.get("weight") is not None:
+            try:
+                weight = parse_quantity(fs["weight"])
+            except ValueError as exc:
+                ctx.problem("spec.fairSharing.weight", fs["weight"], str(exc))
+        lq = LocalQueue(ref.namespace, ref.name, cq, weight)
+    except _Bad as bad:
+        ctx.problem(bad.field, bad.value, f"{bad.message}; object skipped")
+        return None, ctx.problems
+    return lq, ctx.problems
+
+
+def parse_job(obj: Mapping[str, Any]) -> tuple[JobInfo | None, list[InputProblem]]:
+    """A batch/v1 Job: what users annotate, and the pod template HAMi reads."""
+    ref, meta = _meta(obj, "Job")
+    ctx = _Ctx(ref)
+    try:
+        if ref.name == "<unnamed>" or not ref.namespace:
+            raise _Bad("metadata", "", "name and namespace are required")
+        spec = _map(obj.get("spec"), "spec", required=True)
+        tmpl = _map(spec.get("template"), "spec.template")
+        tmeta = _map(tmpl.get("metadata"), "spec.template.metadata")
+        status = _map(obj.get("status"), "status")
+        job = JobInfo(
+            namespace=ref.namespace,
+            name=ref.name,
+            uid=ref.uid,
+            annotations=_strings(ctx, meta.get("annotations"), "metadata.annotations"),
+            labels=_strings(ctx, meta.get("labels"), "metadata.labels"),
+            suspended=spec.get("suspend") is True,
+            ever_started=bool(status.get("startTime")),
+            template_annotations=_strings(ctx, tmeta.get("annotations"),
+                                          "spec.template.metadata.annotations"),
+            containers=_containers(ctx, _map(tmpl.get("spec"), "spec.template.spec"),
+                                   "spec.template.spec"),
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )
+    except _Bad as bad:
+        ctx.problem(bad.field, bad.value, f"{bad.message}; object skipped")
+        return None, ctx.problems
+    return job, ctx.problems
+
+
+def parse_node(obj: Mapping[str, Any]) -> tuple[tuple[NodeInventory, ...], list[InputProblem]]:
+    """A Node's GPU inventories (agent and/or HAMi), when controller.inventory is available."""
+    try:
+        from controller.inventory import parse_node_sources
+    except ImportError:  # the agent engineer's module is optional for the offline dry run
+        return (), []
+    return parse_node_sources(obj)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def iter_items(doc: object) -> Iterator[object]:
+    """Flatten v1 Lists (`kubectl get ... -o yaml`), nested Lists and plain objects."""
+    if isinstance(doc, Mapping) and isinstance(doc.get("items"), list) and (
+        str(doc.get("kind", "")).endswith("List") or "kind" not in doc
+    ):
+        for item in doc["items"]:
+            yield from iter_items(item)
+    elif isinstance(doc, list):
+        for item in doc:
+            yield from iter_items(item)
+    elif doc is not None:
+        yield doc
+
+
+def _latest_timestamp(obj: Mapping[str, Any]) -> datetime | None:
+    """Newest creation / condition transition time of a Workload (approximate capture time)."""
+    found: list[datetime] = []
+    meta = obj.get("metadata")
+    status = obj.get("status")
+    raws = [meta.get("creationTimestamp")] if isinstance(meta, Mapping) else []
+    if isinstance(status, Mapping) and isinstance(status.get("conditions"), list):
+        raws += [c.get("lastTransitionTime") for c in status["conditions"]
+                 if isinstance(c, Mapping)]
+    for raw in raws:
+        try:
+            found.append(_time(raw, ""))
+        except _Bad:
+            continue
+    return max(found) if found else None
+
+
+def build_snapshot(docs: Iterable[object]) -> ClusterSnapshot:
+    """Domain snapshot from Kubernetes objects; unknown kinds are ignored, bad objects reported.
+    `observed` is the newest Workload timestamp (creation or condition transition)."""
+    workloads: list[Workload] = []
+    cqs: list[ClusterQueue] = []
+    lqs: list[LocalQueue] = []
+    jobs: list[JobInfo] = []
+    nodes: list[NodeInventory] = []
+    problems: list[InputProblem] = []
+    observed: datetime | None = None
+    for i, obj in enumerate(iter_items(docs)):
+        if not isinstance(obj, Mapping) or not isinstance(obj.get("kind"), str):
+            problems.append(InputProblem(None, f"items[{i}]", _show(obj),
+                                         "not a Kubernetes object (no kind)"))
+            continue
+        kind, api = obj["kind"], str(obj.get("apiVersion", ""))
+        group = api.split("/")[0] if "/" in api else ""
+        try:
+            if group == KUEUE_GROUP and kind == "Workload":
+                if api not in (v.value for v in KueueApiVersion):
+                    problems.append(InputProblem(_meta(obj, kind)[0], "apiVersion", api,
+                                                 "unsupported Kueue API version; object skipped"))
+                    continue
+                w, p = parse_workload(obj)
+                if w:
+                    workloads.append(w)
+                    ts = _latest_timestamp(obj)
+                    if ts is not None and (observed is None or ts > observed):
+                        observed = ts
+            elif group == KUEUE_GROUP and kind == "ClusterQueue":
+                c, p = parse_cluster_queue(obj)
+                if c:
+                    cqs.append(c)
+            elif group == KUEUE_GROUP and kind == "LocalQueue":
+                q, p = parse_local_queue(obj)
+                if q:
+                    lqs.append(q)
+            elif api == "batch/v1" and kind == "Job":
+                j, p = parse_job(obj)
+                if j:
+                    jobs.append(j)
+            elif api == "v1" and kind == "Node":
+                inv, p = parse_node(obj)
+                nodes.extend(inv)
+            else:
+                continue
+        except Exception as exc:  # one broken object must not stop the run
+            p = [InputProblem(_meta(obj, kind)[0], "(object)", "", f"cannot parse: {exc!r}")]
+        problems.extend(p)
+    return ClusterSnapshot(
+        workloads=tuple(workloads),
+        cluster_queues=tuple(cqs),
+        local_queues=tuple(lqs),
+        jobs=tuple(jobs),
+        nodes=tuple(nodes),
+        problems=tuple(problems),
+        observed=observed,
+    )
+
+
+def _files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.rglob("*") if f.suffix in SNAPSHOT_SUFFIXES and f.is_file())
+            if not found:
+                raise SnapshotFileError(f"{p}: directory has no .yaml/.yml/.json files")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise SnapshotFileError(f"{p}: no such file or directory")
+    return out
+
+
+def load_documents(paths: Iterable[str | os.PathLike[str]]) -> list[object]:
+    """Every YAML/JSON document in the files (directories: their .yaml/.yml/.json files)."""
+    paths = list(paths)
+    docs: list[object] = []
+    for f in _files(paths):
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SnapshotFileError(f"{f}: cannot read: {exc}") from None
+        if f.suffix == ".json":
+            try:
+                docs.append(json.loads(text))
+                continue
+            except json.JSONDecodeError as exc:
+                raise SnapshotFileError(
+                    f"{f}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"
+                ) from None
+        try:
+            docs.extend(d for d in yaml.load_all(text, Loader=_Loader) if d is not None)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"{f}:{mark.line + 1}:{mark.column + 1}" if mark else str(f)
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise SnapshotFileError(f"{where}: not valid YAML: {problem}") from None
+    if not docs:
+        raise SnapshotFileError("no documents in " + ", ".join(map(str, paths)))
+    for d in docs:
+        if not isinstance(d, Mapping | list):
+            raise SnapshotFileError(f"top-level document is not an object or list: {_show(d)}")
+    return docs
+
+
+def load_snapshot(paths: Iterable[str | os.PathLike[str]]) -> ClusterSnapshot:
+    """Parse files into a snapshot; SnapshotFileError (with file:line:col) when one cannot be
+    parsed at all."""
+    return build_snapshot(load_documents(paths))
+
+
+# CSafeLoader when libyaml is there: several times faster on big snapshots.
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
