@@ -194,14 +194,19 @@ def agent(
         allow_no_gpu=allow_no_gpu,
     )
     registry, collector = new_registry()
+    reader = NvmlReader()
+    try:
+        reader.open()  # before Kubernetes: "no driver" is the first thing to know
+    except NoDriverError as e:
+        if not allow_no_gpu:
+            _fail(EXIT_NO_DRIVER, f"{e} (use --allow-no-gpu to serve metrics with zero GPUs)")
+            return
     try:
         client = _client(kubeconfig, event_namespace) if publish else None
-        runner = Agent(config, NvmlReader(), collector, client)
+        runner = Agent(config, reader, collector, client)
         runner.start()
-    except NoDriverError as e:
-        _fail(EXIT_NO_DRIVER, f"{e} (use --allow-no-gpu to serve metrics with zero GPUs)")
-        return
     except KubeError as e:
+        reader.close()
         _fail(EXIT_TROUBLE, f"wdrf agent: {e}")
         return
     try:

@@ -166,7 +166,7 @@ class Publisher:
                 self.client.patch_node_annotations(self.node.name, {GPU_INVENTORY_ANNOTATION: text})
             except KubeError as e:
                 self.patches["error"] += 1
-                log.warning("patching node %s: %s", self.node.name, e)
+                log.warning("%s", e)
                 return False
             self.patches["ok"] += 1
             self.last_key = inventory.content_key()
@@ -177,5 +177,5 @@ class Publisher:
             try:
                 self.client.create_event(ev)
             except KubeError as e:
-                log.warning("event %s on node %s: %s", ev.reason, self.node.name, e)
+                log.warning("%s", e)
         return patched
