@@ -412,6 +412,16 @@ class Settings:
         "CONTROLLER_NAMESPACE", "kueue-system", p_str, "namespace of Lease/ConfigMap"
     )
     kueue_namespace: str = setting("KUEUE_NAMESPACE", "kueue-system", p_str, "Kueue namespace")
+    lease_duration: float = setting("LEASE_DURATION", 15.0, p_duration, "Lease validity")
+    renew_deadline: float = setting("RENEW_DEADLINE", 10.0, p_duration, "leader stops writing")
+    retry_period: float = setting("RETRY_PERIOD", 2.0, p_duration, "Lease acquire/renew period")
+    event_rate_limit: float = setting(
+        "EVENT_RATE_LIMIT", 300.0, p_duration, "same Event at most once per this"
+    )
+    api_retries: int = setting("API_RETRIES", 5, p_pos_int, "attempts per write and cycle")
+    history_config_map: str = setting(
+        "HISTORY_CONFIG_MAP", "wdrf-usage-history", p_str, "ConfigMap for decayed usage"
+    )
 
     # -----------------------------------------------------------------------------------------
 
@@ -486,6 +496,9 @@ def _cross_check(s: Settings) -> list[tuple[str, str, str]]:
         issues.append(
             ("FAIRNESS_LEVELS", str(s.fairness_levels), "must be <= FAIRNESS_POINTS")
         )
+    if not 0 < s.retry_period < s.renew_deadline < s.lease_duration:
+        issues.append(("RENEW_DEADLINE", str(s.renew_deadline),
+                       "need 0 < RETRY_PERIOD < RENEW_DEADLINE < LEASE_DURATION"))
     if s.team_source is TeamSource.LABEL and not s.team_label_key:
         issues.append(("TEAM_LABEL_KEY", "", "required when TEAM_SOURCE=label"))
     return issues
