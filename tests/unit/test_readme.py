@@ -1,0 +1,211 @@
+"""README.md is true: the quick start runs as written, every config key, flag, metric,
+annotation and path it names exists, and the worked example's numbers are what the policy
+computes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def section(title: str) -> str:
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", README, re.S | re.M)
+    assert m, f"README has no section '## {title}'"
+    return m.group(1)
+
+
+def code_blocks(text: str, lang: str = "sh") -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
+
+
+def commands(block: str) -> list[str]:
+    """Shell commands of a block, comments stripped."""
+    out = []
+    for line in block.splitlines():
+        cmd = line.split("#", 1)[0].strip()
+        if cmd:
+            out.append(cmd)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Quick start
+
+
+def test_quick_start_is_exactly_two_make_commands() -> None:
+    (block,) = code_blocks(section("Quick start"))
+    assert commands(block) == ["make dry-run", "make test"]
+    # What the README says `make dry-run` runs is what the Makefile runs.
+    said = re.search(r"make dry-run\s+# installs into \.venv, then: (.*)", block)
+    assert said, block
+    make = shutil.which("make")
+    assert make, "make is needed for the quick start"
+    dry = subprocess.run([make, "-n", "dry-run"], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=60).stdout.strip().splitlines()
+    run_line = [ln for ln in dry if "-m controller" in ln]
+    assert len(run_line) == 1, dry
+    assert shlex.split(run_line[0])[1:] == shlex.split(said.group(1))[1:], (run_line, said[1])
+    # `make test` is what CI runs.
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert re.search(r"^exec make test$", ci, re.M), ci
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    test_rule = re.search(r"^test: (.*)$", makefile, re.M)
+    assert test_rule and "venv" in test_rule.group(1) and "tools" in test_rule.group(1)
+
+
+def test_make_dry_run_works_as_written() -> None:
+    make = shutil.which("make")
+    assert make
+    env = dict(os.environ)
+    env.pop("MAKEFLAGS", None)
+    r = subprocess.run([make, "dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=env, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"Plan at .*: \d+ pending workload", r.stdout), r.stdout[:2000]
+    snapshot = ROOT / "examples" / "cluster-snapshot.yaml"
+    assert snapshot.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# References
+
+
+def test_every_config_key_is_in_the_readme() -> None:
+    from controller.config import KEYS, Settings, describe
+
+    ref = section("Configuration reference")
+    documented = set(re.findall(r"^\| `([A-Z_]+)` \|", ref, re.M))
+    assert documented == set(KEYS), (set(KEYS) - documented, documented - set(KEYS))
+    top = ROOT / "config.yaml"
+    assert top.exists(), "config.yaml is missing at the repository top"
+    doc = yaml.safe_load(top.read_text(encoding="utf-8")) or {}
+    missing = [k for k in doc if f"`{k}`" not in ref]
+    assert not missing, missing
+    # Defaults in the table agree with the code for the simple scalar settings.
+    rows = {m[0]: m[1] for m in re.findall(r"^\| `([A-Z_]+)` \| ([^|]*) \|", ref, re.M)}
+    for key, value, _ in describe(Settings()):
+        if isinstance(value, bool):
+            assert f"`{str(value).lower()}`" in rows[key], (key, rows[key])
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            number = f"{value:g}"
+            assert f"`{number}`" in rows[key], (key, value, rows[key])
+        elif isinstance(value, str) and value:
+            assert f"`{value}`" in rows[key], (key, value, rows[key])
+
+
+def _cli_options() -> tuple[set[str], set[str]]:
+    from controller.cli import main
+
+    ctx = click.Context(main)
+    opts = {o for p in main.params for o in p.opts} | set(ctx.help_option_names)
+    subcommands = set(main.list_commands(ctx))  # type: ignore[attr-defined]
+    return opts, subcommands
+
+
+def test_every_flag_and_subcommand_the_readme_names_exists() -> None:
+    opts, subcommands = _cli_options()
+    used = re.findall(r"python -m controller((?: [^`\n|]+)?)", README)
+    assert used
+    for args in used:
+        for tok in args.split():
+            if tok.startswith("-"):
+                assert tok.split("=")[0] in opts, tok
+    for sub in re.findall(r"python -m controller (\w+)", README):
+        assert sub in subcommands, sub
+    for flag in re.findall(r"`(--[a-z-]+)`", README):
+        assert flag in opts, flag
+
+
+def test_every_metric_in_the_readme_exists_and_every_metric_is_documented() -> None:
+    from controller.live.metrics import Metrics
+
+    m = Metrics()
+    m.cycles.labels("ok").inc()
+    m.patches.labels("Workload", "applied").inc()
+    m.api_errors.labels("500").inc()
+    m.watch_restarts.labels("workloads", "closed").inc()
+    m.relists.labels("workloads").inc()
+    m.events.labels("BadAnnotation", "created").inc()
+    exported = {
+        f"{fam.name}_total" if fam.type == "counter" else fam.name
+        for fam in m.registry.collect()
+    }
+    ref = section("Metrics reference")
+    documented = set(re.findall(r"^\| `(wdrf_\w+)` \|", ref, re.M))
+    assert documented == exported, (exported - documented, documented - exported)
+
+
+def test_annotation_reference_uses_the_real_keys() -> None:
+    from controller import domain
+
+    ref = section("Annotation reference")
+    documented = set(re.findall(r"^\| `([\w./-]+)` \|", ref, re.M))
+    keys = {v for k, v in vars(domain).items() if k.endswith("_ANNOTATION") and isinstance(v, str)}
+    keys.discard(domain.HAMI_NODE_REGISTER_ANNOTATION)  # HAMi's own, read-only
+    assert keys <= documented, keys - documented
+
+
+def test_kustomize_paths_and_local_links_exist() -> None:
+    for path in re.findall(r"kubectl apply -k (\S+)", README):
+        assert (ROOT / path).is_dir() and (ROOT / path / "kustomization.yaml").exists(), path
+    for link in re.findall(r"\]\((?!https?://|#)([^)]+)\)", README):
+        assert (ROOT / link).exists(), f"README links to missing {link}"
+    for anchor in re.findall(r"\]\(#([^)]+)\)", README):
+        titles = re.findall(r"^#+ (.*)$", README, re.M)
+        slugs = {re.sub(r"[^\w\- ]", "", t).strip().lower().replace(" ", "-") for t in titles}
+        assert anchor in slugs, anchor
+
+
+def test_admission_messages_in_readme_match_the_policy() -> None:
+    policy = (ROOT / "manifests" / "admission" / "policy.yaml").read_text(encoding="utf-8")
+    assert "may only be set, changed or removed by members of the groups" in policy
+    assert "may only be set, changed or removed by members of the groups" in README
+    params = yaml.safe_load(
+        (ROOT / "manifests" / "admission" / "params.yaml").read_text(encoding="utf-8"))
+    for key, value in params["data"].items():
+        assert f'{key}: "{value}"' in README, key
+
+
+# ---------------------------------------------------------------------------------------------
+# Worked example
+
+
+def test_worked_example_numbers_are_what_the_policy_computes() -> None:
+    from controller.accounting import fairness_term
+    from controller.config import Settings
+    from controller.domain import PriorityClass
+    from controller.policy import score
+
+    s = Settings()
+    share_a = (8 + 2 * 0.5) / 32
+    assert share_a == 0.28125 and "0.28125" in README
+    fair_a = fairness_term(share_a, 2.0, s)
+    fair_b = fairness_term(0.0, 2.0, s)
+    assert (fair_a, fair_b) == (3300, 5000)
+    a = score(PriorityClass.APPROVED, fair_a, 20 * 60, s)
+    b = score(PriorityClass.NORMAL, fair_b, 3600, s)
+    a_normal = score(PriorityClass.NORMAL, fair_a, 20 * 60, s)
+    assert (a, b, a_normal) == (14500, 8700, 4600)
+    example = section("How a priority is computed")
+    for n in (a, b):
+        assert f"**{n}**" in example
+    assert f"({a_normal})" in example
+
+
+@pytest.mark.parametrize("cmd", ["make dry-run", "make test"])
+def test_make_targets_exist(cmd: str) -> None:
+    target = cmd.split()[1]
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert re.search(rf"^{re.escape(target)}:", makefile, re.M), target
