@@ -1,0 +1,226 @@
+"""Policy decisions on concrete inputs: classes, overrides, base priority, bad input, warnings."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from wdrf_build import NOW, job, snapshot, wl
+from wdrf_build import settings as make_settings
+
+from controller.accounting import UsageHistory
+from controller.config import MAX_OVERRIDE, Settings
+from controller.domain import (
+    APPROVED_ANNOTATION,
+    BASE_PRIORITY_ANNOTATION,
+    GPU,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_OVERRIDE_ANNOTATION,
+    URGENT_ANNOTATION,
+    ClusterQueue,
+    ClusterSnapshot,
+    InputProblem,
+    KueueApiVersion,
+    ObjectRef,
+    Preemption,
+    PriorityClass,
+    ResourceQuota,
+)
+from controller.plan import Plan, WorkloadDecision
+from controller.policy import compute_plan
+
+
+def one(plan: Plan, key: str = "team-a/p") -> WorkloadDecision:
+    return next(d for d in plan.decisions if d.key == key)
+
+
+def plan_for(*workloads, jobs=(), **kw) -> Plan:  # type: ignore[no-untyped-def]
+    return compute_plan(snapshot(list(workloads), jobs=tuple(jobs)), Settings(), NOW, **kw)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        ({}, PriorityClass.NORMAL),
+        ({URGENT_ANNOTATION: "true"}, PriorityClass.URGENT),
+        ({APPROVED_ANNOTATION: "true"}, PriorityClass.APPROVED),
+        ({URGENT_ANNOTATION: "true", APPROVED_ANNOTATION: "true"}, PriorityClass.URGENT),
+        ({URGENT_ANNOTATION: "false", APPROVED_ANNOTATION: "true"}, PriorityClass.APPROVED),
+    ],
+)
+def test_class_from_workload(annotations: dict[str, str], expected: PriorityClass) -> None:
+    d = one(plan_for(wl("p", annotations=annotations)))
+    assert d.breakdown is not None and d.breakdown.priority_class is expected
+    assert not d.problems and not d.leave_unchanged
+
+
+def test_class_from_owner_job() -> None:
+    d = one(plan_for(wl("p", owner="train"),
+                     jobs=[job("train", annotations={URGENT_ANNOTATION: "true"})]))
+    assert d.breakdown is not None and d.breakdown.priority_class is PriorityClass.URGENT
+
+
+def test_job_with_other_uid_is_not_the_owner() -> None:
+    other = job("train", annotations={URGENT_ANNOTATION: "true"})
+    other = type(other)(namespace=other.namespace, name=other.name, uid="someone-else",
+                        annotations=other.annotations)
+    d = one(plan_for(wl("p", owner="train"), jobs=[other]))
+    assert d.breakdown is not None and d.breakdown.priority_class is PriorityClass.NORMAL
+
+
+@pytest.mark.parametrize("value", ["yes", "TRUE", " true", "True", "true ", "1", ""])
+@pytest.mark.parametrize("key", [URGENT_ANNOTATION, APPROVED_ANNOTATION])
+def test_bad_class_value_is_reported_and_left_unchanged(key: str, value: str) -> None:
+    w = wl("p", annotations={key: value, KUEUE_PRIORITY_BOOST_ANNOTATION: "7"}, priority=3)
+    d = one(plan_for(w))
+    assert d.leave_unchanged
+    assert (d.target_boost, d.target_priority) == (7, 3)  # exactly what it has now
+    [p] = d.problems
+    assert p.object == w.ref and p.field == f"metadata.annotations[{key}]"
+    assert p.value == value and '"true"' in p.message
+    assert "Workload team-a/p" in str(p)
+
+
+def test_bad_class_value_on_job_names_the_job() -> None:
+    d = one(plan_for(wl("p", owner="train"),
+                     jobs=[job("train", annotations={URGENT_ANNOTATION: "yes"})]))
+    assert d.leave_unchanged
+    assert d.problems[0].object is not None and d.problems[0].object.kind == "Job"
+
+
+@pytest.mark.parametrize("value", ["0", "150000", str(MAX_OVERRIDE), "007"])
+def test_valid_override_sets_the_priority(value: str) -> None:
+    d = one(plan_for(wl("p", priority=40, annotations={PRIORITY_OVERRIDE_ANNOTATION: value})))
+    assert not d.leave_unchanged and d.breakdown is not None
+    assert d.breakdown.override == int(value)
+    assert d.target_priority == int(value) and d.target_boost == int(value) - 40
+
+
+@pytest.mark.parametrize(
+    "value", ["1e12", "-5", "1e3", " 5", "5 ", "+5", "5.0", "abc", "", str(MAX_OVERRIDE + 1),
+              "99999999999"]
+)
+def test_invalid_override_is_reported_and_left_unchanged(value: str) -> None:
+    d = one(plan_for(wl("p", annotations={PRIORITY_OVERRIDE_ANNOTATION: value})))
+    assert d.leave_unchanged
+    [p] = d.problems
+    assert p.field == f"metadata.annotations[{PRIORITY_OVERRIDE_ANNOTATION}]"
+    assert f"0..{MAX_OVERRIDE}" in p.message
+
+
+def test_base_priority_annotation_wins_over_spec() -> None:
+    d = one(plan_for(wl("p", priority=105000, annotations={BASE_PRIORITY_ANNOTATION: "5"})))
+    assert d.base_priority == 5
+    assert d.target_priority == 5 + d.target_boost
+
+
+@pytest.mark.parametrize("bad", ["x", "1e3", "99999999999", " 5"])
+def test_bad_base_priority_is_reported(bad: str) -> None:
+    d = one(plan_for(wl("p", annotations={BASE_PRIORITY_ANNOTATION: bad})))
+    assert d.leave_unchanged and d.problems[0].field.endswith(f"[{BASE_PRIORITY_ANNOTATION}]")
+
+
+def test_base_defaults_to_spec_priority_then_zero() -> None:
+    assert one(plan_for(wl("p", priority=12))).base_priority == 12
+    assert one(plan_for(wl("p", priority=None))).base_priority == 0
+
+
+def test_current_boost_is_read() -> None:
+    d = one(plan_for(wl("p", annotations={KUEUE_PRIORITY_BOOST_ANNOTATION: "-3"})))
+    assert d.current_boost == -3
+
+
+def test_gpumem_with_suffix_is_reported() -> None:
+    w = wl("p", resources={"nvidia.com/gpumem": str(8 * 2**30)})  # "8Gi" parsed
+    d = one(plan_for(w))
+    assert d.leave_unchanged
+    assert "nvidia.com/gpumem" in d.problems[0].field and "8Gi" in d.problems[0].message
+
+
+def test_unknown_resource_is_reported_but_not_blocking() -> None:
+    d = one(plan_for(wl("p", resources={"example.com/fpga": "1"})))
+    assert not d.leave_unchanged
+    [p] = d.problems
+    assert p.field.endswith("example.com/fpga") and "unknown resource" in p.message
+
+
+def test_admitted_finished_and_inactive_are_not_decided() -> None:
+    from dataclasses import replace
+
+    items = [wl("run", admitted=True), replace(wl("done", admitted=True), finished=True),
+             replace(wl("held"), active=False), wl("p")]
+    plan = plan_for(*items)
+    assert [d.key for d in plan.decisions] == ["team-a/p"]
+
+
+def test_usage_counts_gpu_equivalents() -> None:
+    frac = {"nvidia.com/gpucores": "25", "nvidia.com/gpumem-percentage": "25"}
+    plan = plan_for(*[wl(f"s{i}", admitted=True, resources=frac) for i in range(4)], wl("p"))
+    assert plan.teams["team-a"].usage[GPU] == Decimal("1.0")
+    assert plan.teams["team-a"].dominant_share == pytest.approx(1 / 8)
+
+
+def test_ranks_are_per_cluster_queue_and_sorted() -> None:
+    urgent = wl("r", annotations={URGENT_ANNOTATION: "true"})
+    plan = plan_for(wl("p", wait=10), wl("q", wait=20), urgent)
+    assert [d.key for d in plan.decisions] == ["team-a/r", "team-a/q", "team-a/p"]
+    assert [d.rank for d in plan.decisions] == [0, 1, 2]
+
+
+def test_ties_are_broken_like_kueue_by_creation_then_uid() -> None:
+    s = make_settings(aging_coefficient=0.0)
+    plan = compute_plan(snapshot([wl("b", wait=5), wl("a", wait=5), wl("c", wait=9)]), s, NOW)
+    assert [d.key for d in plan.decisions] == ["team-a/c", "team-a/a", "team-a/b"]
+
+
+def test_warnings_for_evicting_preemption_and_afs() -> None:
+    cq = ClusterQueue("risky", KueueApiVersion.V1BETA2,
+                      quotas=(ResourceQuota("f", GPU, Decimal(8)),),
+                      preemption=Preemption(within_cluster_queue="LowerPriority"),
+                      admission_fair_sharing=True)
+    plan = compute_plan(snapshot([wl("p")], cq=cq), Settings(), NOW)
+    assert any("risky" in w and "evict" in w for w in plan.warnings)
+    assert any("risky" in w and "Admission Fair Sharing" in w for w in plan.warnings)
+    assert not compute_plan(snapshot([wl("p")]), Settings(), NOW).warnings
+
+
+def test_parse_problems_on_a_pending_workload_travel_with_it() -> None:
+    w = wl("p")
+    prob = InputProblem(w.ref, "spec.podSets[0].x", "y", "bad")
+    snap = snapshot([w])
+    snap = ClusterSnapshot(snap.workloads, snap.cluster_queues, snap.local_queues,
+                           problems=(prob, InputProblem(ObjectRef("Node", "n"), "f", "v", "m")))
+    plan = compute_plan(snap, Settings(), NOW)
+    assert one(plan).leave_unchanged and one(plan).problems == (prob,)
+    assert len(plan.problems) == 1 and plan.problems[0].object == ObjectRef("Node", "n")
+
+
+def test_history_half_life_decays_usage() -> None:
+    s = make_settings(usage_half_life=3600.0)
+    hog = [wl(f"h{i}", "team-b", admitted=True) for i in range(4)]
+    p1 = compute_plan(snapshot([*hog, wl("p")]), s, NOW)
+    assert p1.history is not None and p1.teams["team-b"].dominant_share == pytest.approx(0.5)
+    # One half-life later team-b runs nothing: its decayed share halves.
+    later = NOW + timedelta(hours=1)
+    p2 = compute_plan(snapshot([wl("p")]), s, later, history=p1.history)
+    assert p2.teams["team-b"].dominant_share == pytest.approx(0.25)
+    assert p2.history is not None and p2.history.timestamp == later
+    # Without history configured, usage is current only.
+    p3 = compute_plan(snapshot([wl("p")]), Settings(), later, history=p1.history)
+    assert "team-b" not in p3.teams or p3.teams["team-b"].dominant_share == 0
+
+
+def test_history_json_roundtrip() -> None:
+    h = UsageHistory().advance({"a": {GPU: 2.5}}, NOW, 60.0)
+    assert UsageHistory.from_json(h.to_json()) == h
+    with pytest.raises(ValueError):
+        UsageHistory.from_json("{nope")
+    with pytest.raises(ValueError):
+        UsageHistory.from_json('{"version": 1, "usage": {"a": {"gpu": "x"}}}')
+
+
+def test_team_weight_lowers_share() -> None:
+    s = make_settings(team_weights={"team-a": 2.0})
+    plan = compute_plan(snapshot([wl("r", admitted=True), wl("p")]), s, NOW)
+    assert plan.teams["team-a"].dominant_share == pytest.approx(1 / 8 / 2)
