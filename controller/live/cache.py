@@ -60,11 +60,19 @@ def resource_version(obj: JSON | None) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion", ""))
 
 
-def slim(obj: JSON) -> JSON:
-    """Drop what the controller never reads and what costs the most memory."""
+def slim(obj: JSON, resource: Resource | None = None) -> JSON:
+    """Drop what the controller never reads and what costs the most memory; name the kind.
+
+    Items of a LIST of built-in types carry no apiVersion/kind: set them from the resource.
+    """
     meta = obj.get("metadata")
     if isinstance(meta, dict):
         meta.pop("managedFields", None)
+    if resource is not None:
+        obj.setdefault("apiVersion", resource.api_version)
+        obj.setdefault("kind", resource.kind)
+        if resource.kind == "Node" and isinstance(obj.get("status"), dict):
+            obj["status"].pop("images", None)
     return obj
 
 
@@ -172,7 +180,7 @@ class Informer:
                     continue
                 raise
             for item in page.get("items") or []:
-                fresh[object_key(item)] = slim(item)
+                fresh[object_key(item)] = slim(item, self.spec.resource)
             meta = page.get("metadata") or {}
             rv = str(meta.get("resourceVersion", ""))
             token = str(meta.get("continue") or "")
@@ -235,7 +243,7 @@ class Informer:
             log.debug("ignoring watch event type %r for %s", kind, self.name)
             return
         key = object_key(obj)
-        obj = slim(obj)
+        obj = slim(obj, self.spec.resource)
         with self._lock:
             before = self._items.get(key)
             if kind == "DELETED":

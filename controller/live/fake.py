@@ -150,6 +150,10 @@ class FakeApi:
         self._failures: list[_Failure] = []
         self._watch_idle = watch_idle
         self.requests: list[tuple[str, str]] = []
+        # Fixed answers for GETs of non-object paths (/version, /apis/<group>, ...).
+        self.static: dict[str, JSON] = {}
+        # SelfSubjectAccessReviews answer allowed unless "<verb> <resource>" is in here.
+        self.denied: set[str] = set()
 
     # -- test helpers ---------------------------------------------------------------------
 
@@ -205,6 +209,12 @@ class FakeApi:
         with self._lock:
             self.requests.append((method, path))
             self._maybe_fail(method, path)
+            if method == "GET" and path in self.static:
+                return copy.deepcopy(self.static[path])
+            if method == "POST" and "selfsubjectaccessreviews" in path:
+                attrs = body["spec"]["resourceAttributes"]
+                allowed = f"{attrs['verb']} {attrs['resource']}" not in self.denied
+                return {**body, "status": {"allowed": allowed}}
             root, ns, plural, name = _split(path)
             if method == "POST":
                 return self._create(root, plural, ns, body)

@@ -1,0 +1,210 @@
+"""ClusterSnapshot from the informer caches, parsing each object once per resourceVersion.
+
+Also the pure trigger rule: which watch events deserve a cycle now rather than at the next
+tick (a new urgent/approved workload, or a change of class annotations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from controller.domain import (
+    APPROVED_ANNOTATION,
+    PRIORITY_OVERRIDE_ANNOTATION,
+    URGENT_ANNOTATION,
+    ClusterQueue,
+    ClusterSnapshot,
+    InputProblem,
+    JobInfo,
+    LocalQueue,
+    NodeInventory,
+    Workload,
+)
+from controller.live.api import JSON
+from controller.live.cache import object_key, resource_version
+
+T = TypeVar("T")
+Parser = Callable[[JSON], tuple[T | None, list[InputProblem]]]
+
+CLASS_KEYS = (URGENT_ANNOTATION, APPROVED_ANNOTATION, PRIORITY_OVERRIDE_ANNOTATION)
+
+
+class ParseCache(Generic[T]):
+    """key -> (resourceVersion, parsed, problems); a cycle re-parses only what changed."""
+
+    def __init__(self, parse: Parser[T]) -> None:
+        self._parse = parse
+        self._entries: dict[str, tuple[str, T | None, tuple[InputProblem, ...]]] = {}
+        self.parsed = 0  # how many parses happened (tests, debugging)
+
+    def get(self, obj: JSON) -> tuple[T | None, tuple[InputProblem, ...]]:
+        key = object_key(obj)
+        rv = resource_version(obj)
+        hit = self._entries.get(key)
+        if hit is not None and rv and hit[0] == rv:
+            return hit[1], hit[2]
+        try:
+            value, problems = self._parse(obj)
+        except Exception as exc:  # one broken object must never stop the cycle
+            value, problems = None, [InputProblem(None, key, "", f"cannot parse: {exc!r}")]
+        self.parsed += 1
+        entry = (rv, value, tuple(problems))
+        self._entries[key] = entry
+        return entry[1], entry[2]
+
+    def prune(self, live: Iterable[JSON]) -> None:
+        keep = {object_key(o) for o in live}
+        for key in [k for k in self._entries if k not in keep]:
+            del self._entries[key]
+
+
+@dataclass
+class Parsers:
+    workload: Parser[Workload]
+    cluster_queue: Parser[ClusterQueue]
+    local_queue: Parser[LocalQueue]
+    job: Parser[JobInfo]
+    node: Callable[[JSON], tuple[tuple[NodeInventory, ...], list[InputProblem]]]
+
+
+@dataclass
+class Built:
+    snapshot: ClusterSnapshot
+    workloads: dict[str, Workload] = field(default_factory=dict)  # key -> parsed
+
+
+def _owner_job_key(wl: Workload) -> str | None:
+    if wl.owner is not None and wl.owner.kind == "Job":
+        return f"{wl.namespace}/{wl.owner.name}"
+    return None
+
+
+class SnapshotBuilder:
+    def __init__(self, parsers: Parsers) -> None:
+        self._wl = ParseCache(parsers.workload)
+        self._cq = ParseCache(parsers.cluster_queue)
+        self._lq = ParseCache(parsers.local_queue)
+        self._job = ParseCache(parsers.job)
+        self._node_parse = parsers.node
+        self._nodes: dict[str, tuple[str, tuple[NodeInventory, ...], tuple[InputProblem, ...]]] = {}
+
+    @property
+    def parse_count(self) -> int:
+        return self._wl.parsed + self._cq.parsed + self._lq.parsed + self._job.parsed
+
+    def build(
+        self,
+        workloads: list[JSON],
+        cluster_queues: list[JSON],
+        local_queues: list[JSON],
+        jobs: Mapping[str, JSON],
+        nodes: list[JSON],
+    ) -> Built:
+        problems: list[InputProblem] = []
+        parsed_wls: dict[str, Workload] = {}
+        for obj in workloads:
+            wl, p = self._wl.get(obj)
+            problems.extend(p)
+            if wl is not None and not wl.finished:
+                parsed_wls[wl.key] = wl
+        cqs = self._parse_all(self._cq, cluster_queues, problems)
+        lqs = self._parse_all(self._lq, local_queues, problems)
+        job_objs = []
+        for wl in parsed_wls.values():
+            key = _owner_job_key(wl)
+            if key is not None and key in jobs:
+                job_objs.append(jobs[key])
+        parsed_jobs = self._parse_all(self._job, job_objs, problems)
+        inventories = self._parse_nodes(nodes, problems)
+        self._wl.prune(workloads)
+        self._cq.prune(cluster_queues)
+        self._lq.prune(local_queues)
+        self._job.prune(job_objs)
+        snapshot = ClusterSnapshot(
+            workloads=tuple(parsed_wls.values()),
+            cluster_queues=tuple(cqs),
+            local_queues=tuple(lqs),
+            jobs=tuple(parsed_jobs),
+            nodes=tuple(inventories),
+            problems=tuple(problems),
+        )
+        return Built(snapshot, parsed_wls)
+
+    @staticmethod
+    def _parse_all(cache: ParseCache[T], objs: list[JSON], problems: list[InputProblem]) -> list[T]:
+        out: list[T] = []
+        for obj in objs:
+            value, p = cache.get(obj)
+            problems.extend(p)
+            if value is not None:
+                out.append(value)
+        return out
+
+    def _parse_nodes(self, nodes: list[JSON], problems: list[InputProblem]) -> list[NodeInventory]:
+        out: list[NodeInventory] = []
+        fresh: dict[str, tuple[str, tuple[NodeInventory, ...], tuple[InputProblem, ...]]] = {}
+        for obj in nodes:
+            key, rv = object_key(obj), resource_version(obj)
+            hit = self._nodes.get(key)
+            if hit is None or hit[0] != rv or not rv:
+                try:
+                    inv, p = self._node_parse(obj)
+                    hit = (rv, tuple(inv), tuple(p))
+                except Exception as exc:
+                    hit = (rv, (), (InputProblem(None, key, "", f"cannot parse: {exc!r}"),))
+            fresh[key] = hit
+            out.extend(hit[1])
+            problems.extend(hit[2])
+        self._nodes = fresh
+        return out
+
+
+# -- prompt cycles ----------------------------------------------------------------------------
+
+
+def _annotations(obj: JSON | None) -> Mapping[str, str]:
+    if not obj:
+        return {}
+    ann = (obj.get("metadata") or {}).get("annotations")
+    return ann if isinstance(ann, Mapping) else {}
+
+
+def class_annotations(obj: JSON | None) -> dict[str, str]:
+    ann = _annotations(obj)
+    return {k: str(ann[k]) for k in CLASS_KEYS if k in ann}
+
+
+def raises_class(values: Mapping[str, str]) -> bool:
+    return any(v not in ("", "false") for v in values.values())
+
+
+def _owner_job_name(wl: JSON) -> str | None:
+    for ref in (wl.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "Job":
+            return str(ref.get("name"))
+    return None
+
+
+def needs_prompt_cycle(
+    kind: str, old: JSON | None, new: JSON | None, job_lookup: Callable[[str], JSON | None]
+) -> bool:
+    """A cycle within ~2 s instead of at the next tick: a new Workload of a raised class (on
+    itself or its owner Job), or any change of class annotations on a Workload or Job."""
+    if new is None:
+        return False
+    before, after = class_annotations(old), class_annotations(new)
+    if old is not None and before != after:
+        return True
+    if kind == "Workload" and old is None:
+        if raises_class(after):
+            return True
+        job_name = _owner_job_name(new)
+        ns = (new.get("metadata") or {}).get("namespace", "")
+        if job_name:
+            return raises_class(class_annotations(job_lookup(f"{ns}/{job_name}")))
+        return False
+    if kind == "Job" and old is None:
+        return raises_class(after)
+    return False

@@ -1,0 +1,314 @@
+"""The live controller end to end against the in-memory apiserver (real parse + policy)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from controller.config import Settings, load_settings
+from controller.domain import (
+    BASE_PRIORITY_ANNOTATION,
+    HAMI_GPU_POLICY_ANNOTATION,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    URGENT_ANNOTATION,
+)
+from controller.live.api import (
+    CLUSTER_QUEUES,
+    CONFIG_MAPS,
+    EVENTS,
+    JOBS,
+    LEASES,
+    LOCAL_QUEUES,
+    WORKLOADS,
+)
+from controller.live.fake import FakeApi
+from controller.live.runner import LiveController, queue_warnings
+from controller.plan import PriorityMode
+
+NOW = datetime(2026, 1, 1, 1, 0, tzinfo=UTC)
+KUEUE_GROUP_DOC = {"kind": "APIGroup", "name": "kueue.x-k8s.io",
+                   "versions": [{"groupVersion": "kueue.x-k8s.io/v1beta2", "version": "v1beta2"},
+                                {"groupVersion": "kueue.x-k8s.io/v1beta1", "version": "v1beta1"}]}
+
+
+def settings(**env: str) -> Settings:
+    base = {"METRICS_PORT": "0", "LEADER_ELECTION": "false", "CAPACITY_SOURCE": "quota",
+            "PRIORITY_MODE": "boost", "AGING_STEP": "60"}
+    return load_settings(env={**base, **env})
+
+
+def cluster(api: FakeApi, gate: bool | None = None) -> None:
+    api.static["/apis/kueue.x-k8s.io"] = KUEUE_GROUP_DOC
+    if gate is not None:
+        api.put_object(CONFIG_MAPS.item("kueue-manager-config", "kueue-system"), {
+            "metadata": {"name": "kueue-manager-config"},
+            "data": {"controller_manager_config.yaml":
+                     f"apiVersion: config.kueue.x-k8s.io/v1beta1\nfeatureGates:\n"
+                     f"  PriorityBoost: {str(gate).lower()}\n"}})
+    api.put_object(CLUSTER_QUEUES.item("cq"), {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": "cq"},
+        "spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": "default", "resources": [{"name": "cpu", "nominalQuota": "4"}]}]}]}})
+    for team in ("team-a", "team-b"):
+        api.put_object(LOCAL_QUEUES.item("lq", team), {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+            "metadata": {"name": "lq", "namespace": team}, "spec": {"clusterQueue": "cq"}})
+
+
+def workload(api: FakeApi, ns: str, name: str, minutes_ago: int = 10,
+             annotations: dict[str, str] | None = None, priority: int = 0,
+             owner: str | None = None, gpu: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name, "namespace": ns, "annotations": annotations or {},
+        "creationTimestamp": (NOW - timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": owner,
+                                    "uid": f"uid-{owner}", "controller": True}]
+    return api.put_object(WORKLOADS.item(name, ns), {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": meta,
+        "spec": {"queueName": "lq", "priority": priority, "podSets": [{
+            "name": "main", "count": 1, "template": {"spec": {"containers": [
+                {"name": "c", "resources": {"requests": {
+                    "cpu": "1", **({"nvidia.com/gpu": "1"} if gpu else {})}}}]}}}]}})
+
+
+def controller(api: FakeApi, s: Settings, **kw: Any) -> LiveController:
+    c = LiveController(s, api, identity=kw.pop("identity", "me"), **kw)
+    c.discover()
+    c.build_informers()
+    c.sync_once()
+    return c
+
+
+def resync(c: LiveController) -> None:
+    for inf in c.informers.values():
+        inf.relist()
+
+
+def stored(api: FakeApi, ns: str, name: str) -> dict[str, Any]:
+    obj = api.get_object(WORKLOADS.item(name, ns))
+    assert obj is not None
+    return obj
+
+
+def test_boost_mode_writes_boosts_then_steady_cycle_writes_nothing() -> None:
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "a1")
+    workload(api, "team-b", "b1", annotations={URGENT_ANNOTATION: "true"})
+    c = controller(api, settings())
+    report = c.run_cycle(NOW)
+    assert report.applied is not None and report.applied.counts() == {"applied": 2}
+    a1 = stored(api, "team-a", "a1")["metadata"]["annotations"]
+    b1 = stored(api, "team-b", "b1")["metadata"]["annotations"]
+    assert int(b1[KUEUE_PRIORITY_BOOST_ANNOTATION]) > int(a1[KUEUE_PRIORITY_BOOST_ANNOTATION]) > 0
+    assert [d.key for d in report.plan.decisions] == ["team-b/b1", "team-a/a1"]
+    resync(c)
+    before = c.counting.writes()
+    again = c.run_cycle(NOW)
+    assert again.changes == [] and c.counting.writes() == before
+
+
+def test_steady_cycle_reparses_nothing() -> None:
+    api = FakeApi()
+    cluster(api)
+    for i in range(5):
+        workload(api, "team-a", f"w{i}")
+    c = controller(api, settings())
+    c.run_cycle(NOW)
+    resync(c)
+    c.run_cycle(NOW)
+    parsed = c.builder.parse_count
+    c.run_cycle(NOW)
+    assert c.builder.parse_count == parsed
+
+
+def test_spec_mode_reasserts_after_kueue_resets_priority() -> None:
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "a1", priority=5)
+    c = controller(api, settings(PRIORITY_MODE="spec"))
+    c.run_cycle(NOW)
+    wl = stored(api, "team-a", "a1")
+    target = wl["spec"]["priority"]
+    assert target > 5 and wl["metadata"]["annotations"][BASE_PRIORITY_ANNOTATION] == "5"
+    # Kueue restarts and resets spec.priority to the class value; the annotation stays.
+    wl["spec"]["priority"] = 5
+    api.put_object(WORKLOADS.item("a1", "team-a"), wl)
+    resync(c)
+    c.run_cycle(NOW)
+    assert stored(api, "team-a", "a1")["spec"]["priority"] == target
+
+
+def test_auto_mode_follows_kueue_gate() -> None:
+    for gate, mode in ((True, PriorityMode.BOOST), (False, PriorityMode.SPEC),
+                       (None, PriorityMode.SPEC)):
+        api = FakeApi()
+        cluster(api, gate=gate)
+        c = controller(api, settings(PRIORITY_MODE="auto"))
+        assert c.mode is not None and c.mode.mode is mode
+
+
+def test_dry_run_writes_nothing_and_reports_what_it_would_write() -> None:
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "a1", annotations={URGENT_ANNOTATION: "maybe"})
+    workload(api, "team-b", "b1")
+    c = controller(api, settings(LEADER_ELECTION="true", USAGE_HALF_LIFE="1h"), dry_run=True)
+    report = c.run_cycle(NOW)
+    c.shutdown()
+    assert api.writes() == [] and c.counting.writes() == 0
+    assert [ch.ref.name for ch in report.refused()] == ["b1"]
+    assert c.metrics.events.labels("InvalidAnnotation", "refused")._value.get() == 1
+
+
+def test_invalid_annotation_gives_an_event_and_others_proceed() -> None:
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "bad", annotations={URGENT_ANNOTATION: "yes"})
+    workload(api, "team-b", "good")
+    c = controller(api, settings())
+    c.run_cycle(NOW)
+    events = api.request("GET", EVENTS.collection("team-a"))["items"]
+    invalid = [e for e in events if e["reason"] == "InvalidAnnotation"]
+    assert len(invalid) == 1 and invalid[0]["involvedObject"]["name"] == "bad"
+    assert KUEUE_PRIORITY_BOOST_ANNOTATION not in stored(api, "team-a", "bad")["metadata"][
+        "annotations"]
+    assert KUEUE_PRIORITY_BOOST_ANNOTATION in stored(api, "team-b", "good")["metadata"][
+        "annotations"]
+    # the next cycles do not repeat the Event within EVENT_RATE_LIMIT
+    resync(c)
+    c.run_cycle(NOW)
+    c.run_cycle(NOW)
+    events = api.request("GET", EVENTS.collection("team-a"))["items"]
+    assert len([e for e in events if e["reason"] == "InvalidAnnotation"]) == 1
+
+
+def test_priority_change_event_on_workload_and_owner_job() -> None:
+    api = FakeApi()
+    cluster(api)
+    api.put_object(JOBS.item("train", "team-a"), {
+        "metadata": {"name": "train", "namespace": "team-a", "uid": "uid-train",
+                     "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+        "spec": {"suspend": True, "template": {"spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    workload(api, "team-a", "job-train-abcde", owner="train")
+    c = controller(api, settings())
+    c.run_cycle(NOW)
+    events = api.request("GET", EVENTS.collection("team-a"))["items"]
+    kinds = sorted(e["involvedObject"]["kind"] for e in events if e["reason"] == "PriorityChanged")
+    assert kinds == ["Job", "Workload"]
+
+
+def test_hami_annotations_go_on_the_suspended_owner_job() -> None:
+    api = FakeApi()
+    cluster(api)
+    api.put_object(JOBS.item("train", "team-a"), {
+        "metadata": {"name": "train", "namespace": "team-a", "uid": "uid-train",
+                     "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+        "spec": {"suspend": True, "template": {"spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    workload(api, "team-a", "job-train-abcde", owner="train", gpu=True)
+    c = controller(api, settings(HAMI_DEFAULT_GPU_POLICY="spread"))
+    c.run_cycle(NOW)
+    job = api.get_object(JOBS.item("train", "team-a"))
+    assert job is not None
+    assert job["spec"]["template"]["metadata"]["annotations"][HAMI_GPU_POLICY_ANNOTATION] == (
+        "spread")
+
+
+def test_follower_writes_nothing_leader_writes() -> None:
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "a1")
+    s = settings(LEADER_ELECTION="true")
+    leader = controller(api, s, identity="one")
+    follower = controller(api, s, identity="two")
+    assert leader.elector is not None and follower.elector is not None
+    assert leader.elector.try_acquire_or_renew()
+    assert not follower.elector.try_acquire_or_renew()
+    writes = len(api.writes())
+    report = follower.run_cycle(NOW)
+    assert not report.leader and len(api.writes()) == writes
+    leader.run_cycle(NOW)
+    assert len(api.writes()) > writes
+    assert api.get_object(LEASES.item("wdrf-controller", "kueue-system")) is not None
+
+
+def test_usage_history_survives_a_restart() -> None:
+    api = FakeApi()
+    cluster(api)
+    wl = workload(api, "team-a", "running")
+    wl["status"] = {
+        "conditions": [{"type": "QuotaReserved", "status": "True"}],
+        "admission": {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": "main", "count": 1, "resourceUsage": {"cpu": "2"}, "flavors": {}}]}}
+    api.put_object(WORKLOADS.item("running", "team-a"), wl)
+    workload(api, "team-a", "waiting")
+    s = settings(USAGE_HALF_LIFE="1h")
+    first = controller(api, s)
+    first.run_cycle(NOW)
+    first.shutdown()
+    assert first.history is not None and first.history.usage
+    second = controller(api, s)
+    assert second.history is not None
+    assert dict(second.history.usage) == dict(first.history.usage)
+
+
+def test_trigger_on_new_urgent_workload() -> None:
+    api = FakeApi()
+    cluster(api)
+    c = controller(api, settings())
+    c.trigger.clear()
+    workload(api, "team-a", "plain")
+    c.informers["workloads"].relist()
+    assert not c.trigger.is_set()
+    workload(api, "team-a", "hot", annotations={URGENT_ANNOTATION: "true"})
+    c.informers["workloads"].relist()
+    assert c.trigger.is_set()
+
+
+def test_queue_warnings_name_each_risky_queue() -> None:
+    from controller.domain import ClusterQueue, KueueApiVersion, Preemption
+
+    queues = [
+        ClusterQueue("safe", KueueApiVersion.V1BETA2),
+        ClusterQueue("evicts", KueueApiVersion.V1BETA2,
+                     preemption=Preemption(within_cluster_queue="LowerPriority")),
+        ClusterQueue("afs", KueueApiVersion.V1BETA2, admission_fair_sharing=True),
+    ]
+    warnings = queue_warnings(queues)
+    assert len(warnings) == 2
+    assert "evicts" in warnings[1] and "preempt" in warnings[1]
+    assert "afs" in warnings[0] and "Admission Fair Sharing" in warnings[0]
+
+
+@pytest.mark.parametrize("denied,code", [(set(), 0), ({"patch workloads"}, 1)])
+def test_health_check(denied: set[str], code: int) -> None:
+    from controller.live.health import run_health_check
+
+    api = FakeApi()
+    api.static["/version"] = {"gitVersion": "v1.36.0"}
+    api.static["/apis/kueue.x-k8s.io"] = KUEUE_GROUP_DOC
+    api.static["/apis/kueue.x-k8s.io/v1beta2"] = {"resources": [
+        {"name": n} for n in ("workloads", "clusterqueues", "localqueues")]}
+    api.denied = denied
+    out: list[str] = []
+    assert run_health_check(settings(), api, echo=out.append) == code
+    text = "\n".join(out)
+    assert ("UNHEALTHY" in text) == bool(code)
+    if denied:
+        assert "[FAIL] RBAC patch workloads.kueue.x-k8s.io" in text
+
+
+def test_health_check_apiserver_down() -> None:
+    from controller.live.health import run_health_check
+
+    api = FakeApi()
+    api.fail("GET", "/version", 0, message="connection refused")
+    out: list[str] = []
+    assert run_health_check(settings(), api, echo=out.append) == 1
