@@ -1,0 +1,105 @@
+"""Settings: config.yaml, env, CLI precedence; every error listed at once."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from controller.config import KEYS, ConfigError, HamiRule, Settings, load_settings
+from controller.domain import TeamSource
+from controller.plan import PriorityMode
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_config_yaml_lists_every_key_with_the_defaults() -> None:
+    doc = yaml.safe_load((REPO / "config.yaml").read_text())
+    assert set(doc) == set(KEYS)
+    loaded = load_settings(REPO / "config.yaml", env={})
+    default = Settings()
+    for name in Settings.__dataclass_fields__:
+        a, b = getattr(loaded, name), getattr(default, name)
+        assert (dict(a) == dict(b)) if hasattr(a, "items") else a == b, name
+
+
+def test_precedence_file_env_cli(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("LOG_LEVEL: warning\nAGING_COEFFICIENT: 2\nLOOP_INTERVAL: 1m\n")
+    s = load_settings(cfg, env={"AGING_COEFFICIENT": "3", "UNRELATED": "x"})
+    assert (s.log_level, s.aging_coefficient, s.loop_interval) == ("WARNING", 3.0, 60.0)
+    s = load_settings(cfg, env={"AGING_COEFFICIENT": "3"}, overrides={"AGING_COEFFICIENT": "0.5"})
+    assert s.aging_coefficient == 0.5
+
+
+def test_structured_env_values() -> None:
+    s = load_settings(env={
+        "PRIORITY_WEIGHTS": '{"urgent": 500, "approved": 60, "normal": 1}',
+        "TEAM_WEIGHTS": "{team-a: 2}",
+        "TEAM_SOURCE": "label",
+        "PRIORITY_MODE": "spec",
+        "LEADER_ELECTION": "false",
+        "HAMI_RULES": '[{"class": "urgent", "nodePolicy": "spread"}]',
+        "MAX_AGING_TIME": "2d",
+    })
+    assert dict(s.priority_weights) == {"urgent": 500, "approved": 60, "normal": 1}
+    assert dict(s.team_weights) == {"team-a": 2.0}
+    assert s.team_source is TeamSource.LABEL and s.priority_mode is PriorityMode.SPEC
+    assert s.leader_election is False and s.max_aging_time == 172800.0
+    assert s.hami_rules == (HamiRule(priority_class="urgent", node_policy="spread"),)
+
+
+def test_every_error_at_once(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("AGING_COEFICIENT: 1\nLOG_FORMAT: xml\nMETRICS_PORT: 70000\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg, env={"PRIORITY_WEIGHTS": "{urgent: 1, approved: 2, normal: 3}",
+                                "USAGE_HALF_LIFE": "soon",
+                                "HAMI_DEFAULT_GPU_POLICY": "fastest"},
+                      overrides={"RESOURCE_WEIGHTS": "{cpu: -1}"})
+    keys = [k for k, _, _ in err.value.issues]
+    assert set(keys) == {"AGING_COEFICIENT", "LOG_FORMAT", "METRICS_PORT", "USAGE_HALF_LIFE",
+                         "HAMI_DEFAULT_GPU_POLICY", "RESOURCE_WEIGHTS", "PRIORITY_WEIGHTS"}
+    text = err.value.render()
+    assert "LOG_FORMAT=xml" in text and "from environment" in text and "unknown key" in text
+
+
+@pytest.mark.parametrize(
+    ("env", "key"),
+    [
+        ({"PRIORITY_WEIGHTS": "{urgent: 1, approved: 2, normal: 3}"}, "PRIORITY_WEIGHTS"),
+        ({"FAIRNESS_POINTS": "9900"}, "FAIRNESS_POINTS"),
+        ({"AGING_COEFFICIENT": "5000"}, "AGING_COEFFICIENT"),
+        ({"AGING_STEP": "0"}, "AGING_STEP"),
+        ({"TEAM_SOURCE": "label", "TEAM_LABEL_KEY": ""}, "TEAM_LABEL_KEY"),
+        ({"TEAM_WEIGHTS": "{a: 0}"}, "TEAM_WEIGHTS"),
+        ({"HAMI_RULES": "[{nodePolicy: fast}]"}, "HAMI_RULES"),
+        ({"HAMI_RULES": "[{color: red, nodePolicy: spread}]"}, "HAMI_RULES"),
+        ({"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
+        ({"LEADER_ELECTION": "maybe"}, "LEADER_ELECTION"),
+        ({"PRIORITY_MODE": "fast"}, "PRIORITY_MODE"),
+    ],
+)
+def test_invalid_values(env: dict[str, str], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_settings(env=env, config_path=REPO / "config.yaml")
+    assert key in [k for k, _, _ in err.value.issues]
+
+
+def test_unreadable_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("a: [\n")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(cfg, env={})
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "missing.yaml", env={})
+
+
+def test_overtake_window_and_warning() -> None:
+    s = Settings()
+    assert s.overtake_window() == 104900 + 300
+    assert not s.warnings()
+    weak = load_settings(env={"AGING_COEFFICIENT": "0.01"}, config_path=REPO / "config.yaml")
+    assert math.isinf(weak.overtake_window()) and weak.warnings()
