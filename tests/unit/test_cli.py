@@ -1,0 +1,146 @@
+"""The CLI: offline dry run, outputs, explain, exit codes, lazy imports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from wdrf_build import as_list, cluster_queue_dict, local_queue_dict, workload_dict
+
+from controller.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = str(REPO / "examples" / "cluster-snapshot.yaml")
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    monkeypatch.chdir(REPO)  # ./config.yaml is the default config
+    return CliRunner()
+
+
+def test_dry_run_table(runner: CliRunner) -> None:
+    r = runner.invoke(main, ["--dry-run", "--from-file", EXAMPLE])
+    assert r.exit_code == 0, r.output
+    assert "team-nlp/job-llama-pretrain-77aa1" in r.output
+    assert "Starvation bound" in r.output and "Problems (1)" in r.output
+
+
+@pytest.mark.parametrize("fmt", ["json", "yaml"])
+def test_machine_outputs(runner: CliRunner, fmt: str) -> None:
+    r = runner.invoke(main, ["--from-file", EXAMPLE, "--output", fmt])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output) if fmt == "json" else yaml.safe_load(r.output)
+    keys = [d["workload"] for d in doc["decisions"]]
+    assert len(keys) == 10 and doc["warnings"] and doc["teams"]
+    prios = [d["targetPriority"] for d in doc["decisions"] if d["clusterQueue"] == "h100-shared"
+             and not d["leaveUnchanged"]]
+    assert prios == sorted(prios, reverse=True)
+
+
+def test_now_flag_changes_aging(runner: CliRunner) -> None:
+    a = json.loads(runner.invoke(main, ["--from-file", EXAMPLE, "-o", "json"]).output)
+    b = json.loads(runner.invoke(main, ["--from-file", EXAMPLE, "-o", "json",
+                                        "--now", "2025-11-30T00:00:00Z"]).output)
+    assert a["now"] != b["now"]
+    assert sum(d["targetPriority"] for d in b["decisions"]) > sum(
+        d["targetPriority"] for d in a["decisions"])
+
+
+def test_env_vars_for_flags(runner: CliRunner) -> None:
+    r = runner.invoke(main, [], env={"WDRF_FROM_FILE": EXAMPLE, "WDRF_OUTPUT": "json"})
+    assert r.exit_code == 0 and json.loads(r.output)["decisions"]
+
+
+def test_explain(runner: CliRunner) -> None:
+    r = runner.invoke(main, ["--from-file", EXAMPLE, "explain",
+                             "team-research/job-notebook-batch-2f3e4"])
+    assert r.exit_code == 0, r.output
+    for word in ("Class:", "Fairness:", "Aging:", "Base priority:", "Behind", "share nvidia"):
+        assert word in r.output
+    r = runner.invoke(main, ["explain", "team-nlp/job-llama-pretrain-77aa1", "--from-file",
+                             EXAMPLE, "-o", "json"])
+    assert r.exit_code == 0 and json.loads(r.output)["breakdown"]["class"] == "urgent"
+
+
+def test_explain_bad_input_and_unknown(runner: CliRunner) -> None:
+    r = runner.invoke(main, ["explain", "team-speech/job-tts-demo-1f2e3", "--from-file", EXAMPLE])
+    assert r.exit_code == 0 and "LEFT UNCHANGED" in r.output and "'yes'" in r.output
+    r = runner.invoke(main, ["explain", "nope/nothing", "--from-file", EXAMPLE])
+    assert r.exit_code == 1
+    r = runner.invoke(main, ["explain", "no-slash", "--from-file", EXAMPLE])
+    assert r.exit_code == 2
+
+
+def test_unparseable_file_exits_2_and_says_where(runner: CliRunner, tmp_path: Path) -> None:
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("apiVersion: v1\nitems: [\n  {kind: Workload\n")
+    r = runner.invoke(main, ["--dry-run", "--from-file", str(bad)])
+    assert r.exit_code == 2
+    assert "broken.yaml:" in r.output
+
+
+def test_broken_object_does_not_crash(runner: CliRunner, tmp_path: Path) -> None:
+    broken = workload_dict("broken")
+    del broken["spec"]["podSets"]
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(as_list(broken, workload_dict("ok"), cluster_queue_dict(),
+                                        local_queue_dict("team-a"))))
+    r = runner.invoke(main, ["--from-file", str(f)])
+    assert r.exit_code == 0, r.output
+    assert "team-a/ok" in r.output and "Workload team-a/broken: spec.podSets" in r.output
+
+
+def test_config_errors_exit_2_listing_all(runner: CliRunner) -> None:
+    r = runner.invoke(main, ["--from-file", EXAMPLE, "--set", "AGING_COEFFICIENT=x",
+                             "--set", "LOG_FORMAT=xml"])
+    assert r.exit_code == 2
+    assert "AGING_COEFFICIENT=x" in r.output and "LOG_FORMAT=xml" in r.output
+
+
+def test_missing_config_file_exits_2(runner: CliRunner) -> None:
+    r = runner.invoke(main, ["--config", "/nonexistent.yaml", "--from-file", EXAMPLE])
+    assert r.exit_code == 2 and "not found" in r.output
+
+
+def test_live_mode_without_module_is_a_clear_error(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "controller.live.runner", None)  # import fails
+    r = runner.invoke(main, ["--once"])
+    assert r.exit_code == 1 and "live mode unavailable" in r.output
+
+
+def test_health_check_without_module_is_a_clear_error(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "controller.live.health", None)
+    r = runner.invoke(main, ["--health-check"])
+    assert r.exit_code == 1 and "health check unavailable" in r.output
+
+
+def test_agent_is_listed_lazily(runner: CliRunner) -> None:
+    r = runner.invoke(main, ["--help"])
+    assert r.exit_code == 0 and "agent" in r.output and "explain" in r.output
+
+
+def test_offline_run_imports_no_kubernetes() -> None:
+    code = (
+        "import sys\n"
+        "from controller.cli import main\n"
+        "try:\n"
+        f"    main(['--dry-run', '--from-file', {EXAMPLE!r}], standalone_mode=False)\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('kubernetes', 'prometheus_client', 'urllib3'))\n"
+        "print('IMPORTED', bad)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         check=True)
+    assert "IMPORTED []" in out.stdout, out.stdout[-500:] + out.stderr[-2000:]
