@@ -52,10 +52,10 @@ def _fail(code: int, message: str) -> None:
     sys.exit(code)
 
 
-def _client(kubeconfig: str | None, event_namespace: str) -> NodeClient:
+def _client(kubeconfig: str | None) -> NodeClient:
     from controller.agent.kube import KubeNodeClient, load_api_client  # kubernetes is heavy
 
-    return KubeNodeClient(load_api_client(kubeconfig), event_namespace)
+    return KubeNodeClient(load_api_client(kubeconfig))
 
 
 def _serve_metrics(port: int, address: str, agent_registry: object) -> None:
@@ -123,14 +123,6 @@ def _serve_metrics(port: int, address: str, agent_registry: object) -> None:
     help="Kubeconfig file; default: the in-cluster ServiceAccount.",
 )
 @click.option(
-    "--event-namespace",
-    envvar="POD_NAMESPACE",
-    default="default",
-    show_default=True,
-    show_envvar=True,
-    help="Namespace for Events about the Node.",
-)
-@click.option(
     "--max-temperature",
     envvar="AGENT_MAX_TEMPERATURE",
     type=int,
@@ -174,7 +166,6 @@ def agent(
     metrics_address: str,
     allow_no_gpu: bool,
     kubeconfig: str | None,
-    event_namespace: str,
     max_temperature: int,
     temperature_hysteresis: int,
     no_publish: bool,
@@ -204,7 +195,7 @@ def agent(
             _fail(EXIT_NO_DRIVER, f"{e} (use --allow-no-gpu to serve metrics with zero GPUs)")
             return
     try:
-        client = _client(kubeconfig, event_namespace) if publish else None
+        client = _client(kubeconfig) if publish else None
         runner = Agent(config, reader, collector, client)
         runner.start()
     except KubeError as e:

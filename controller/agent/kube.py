@@ -1,7 +1,8 @@
 """The only module of the agent that talks to Kubernetes (the ``kubernetes`` client).
 
 Three calls, matching the agent's RBAC (manifests/agent/): get its Node, merge-patch the Node's
-``metadata.annotations``, create core/v1 Events about the Node.
+``metadata.annotations``, create core/v1 Events about the Node. Events about a cluster-scoped
+object must live in the "default" namespace (API validation), so that is where they go.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from urllib3.exceptions import HTTPError
 from controller.agent.publish import COMPONENT, KubeError, NodeEvent, NodeInfo
 
 MERGE_PATCH = "application/merge-patch+json"
+EVENT_NAMESPACE = "default"  # the only namespace the API accepts for Events about Nodes
 
 
 def _why(e: Exception) -> str:
@@ -42,7 +44,7 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
 
 
 class KubeNodeClient:
-    def __init__(self, api: client.ApiClient, event_namespace: str = "default") -> None:
+    def __init__(self, api: client.ApiClient, event_namespace: str = EVENT_NAMESPACE) -> None:
         self.core = client.CoreV1Api(api)
         self.event_namespace = event_namespace
 

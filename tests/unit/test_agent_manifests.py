@@ -42,8 +42,8 @@ def test_renders_the_expected_objects_and_validates(rendered: list[Obj]) -> None
         "ClusterRole/wdrf-gpu-agent",
         "ClusterRoleBinding/wdrf-gpu-agent",
         "DaemonSet/wdrf-gpu-agent",
-        "Role/wdrf-gpu-agent",
-        "RoleBinding/wdrf-gpu-agent",
+        "Role/wdrf-gpu-agent-events",
+        "RoleBinding/wdrf-gpu-agent-events",
         "ServiceAccount/wdrf-gpu-agent",
         "ValidatingAdmissionPolicy/wdrf-gpu-agent-own-node",
         "ValidatingAdmissionPolicyBinding/wdrf-gpu-agent-own-node",
@@ -52,6 +52,8 @@ def test_renders_the_expected_objects_and_validates(rendered: list[Obj]) -> None
         kubernetes_validate.validate(o, "1.36.0", strict=True)
         cluster_scoped = o["kind"].startswith(("Cluster", "ValidatingAdmission"))
         assert ("namespace" in o["metadata"]) != cluster_scoped, o["kind"]
+        if o["kind"] in ("ServiceAccount", "DaemonSet"):
+            assert o["metadata"]["namespace"] == "kueue-system"
 
 
 def test_rbac_is_minimal(rendered: list[Obj]) -> None:
@@ -61,6 +63,9 @@ def test_rbac_is_minimal(rendered: list[Obj]) -> None:
     assert one(rendered, "Role")["rules"] == [
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
     ]
+    # Events about Nodes are only accepted in "default"; the agent SA stays in kueue-system.
+    assert one(rendered, "Role")["metadata"]["namespace"] == "default"
+    assert one(rendered, "RoleBinding")["metadata"]["namespace"] == "default"
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         (subject,) = one(rendered, kind)["subjects"]
         assert subject == {
@@ -101,7 +106,6 @@ def test_daemonset_runs_on_gpu_nodes_locked_down(rendered: list[Obj]) -> None:
     assert "nvidia.com/gpu" not in str(c["resources"])  # watches GPUs, takes none
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
     port = env["AGENT_METRICS_PORT"]["value"]
     assert c["ports"] == [{"name": "metrics", "containerPort": int(port), "protocol": "TCP"}]
