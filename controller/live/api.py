@@ -154,9 +154,12 @@ def path_class(method: str, path: str) -> str:
 class CountingTransport:
     """Counts every request by `path_class`, then passes it on. Thread-safe."""
 
-    def __init__(self, inner: Transport) -> None:
+    def __init__(
+        self, inner: Transport, on_request: Callable[[str, str], None] | None = None
+    ) -> None:
         self._inner = inner
         self._lock = threading.Lock()
+        self._on_request = on_request
         self.counts: Counter[str] = Counter()
 
     def _count(self, method: str, path: str, query: Mapping[str, str] | None) -> None:
@@ -165,6 +168,9 @@ class CountingTransport:
             label = "WATCH " + label.split(" ", 1)[1]
         with self._lock:
             self.counts[label] += 1
+        if self._on_request is not None:
+            verb, resource = label.split(" ", 1)
+            self._on_request(verb, resource)
 
     def snapshot(self) -> Counter[str]:
         with self._lock:

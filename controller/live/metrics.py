@@ -65,6 +65,12 @@ class Metrics:
             ["kind", "result"],
             registry=r,
         )
+        self.api_requests = Counter(
+            "wdrf_api_requests",
+            "API requests sent, by verb (GET, WATCH, PATCH, POST, PUT) and resource.",
+            ["verb", "resource"],
+            registry=r,
+        )
         self.api_errors = Counter(
             "wdrf_api_errors", "Failed API requests by HTTP code.", ["code"], registry=r
         )

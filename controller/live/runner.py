@@ -154,7 +154,9 @@ class LiveController:
         self.dry_run = dry_run
         self.identity = identity or default_identity()
         self.metrics = metrics or Metrics()
-        self.counting = CountingTransport(transport)
+        self.counting = CountingTransport(
+            transport, lambda verb, res: self.metrics.api_requests.labels(verb, res).inc()
+        )
         base: Transport = ReadOnlyTransport(self.counting) if dry_run else self.counting
         self.reader = base
         self.elector: LeaderElector | None = None
