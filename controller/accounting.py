@@ -49,6 +49,8 @@ _BUILTIN_RESOURCES = frozenset(
      "nvidia.com/priority"}
 )
 
+_PLAIN_RESOURCES = frozenset({CPU, MEMORY, GPU, "ephemeral-storage", "pods"})
+
 Vector = dict[str, float]
 
 
@@ -133,18 +135,27 @@ def pod_sets_gpu(
     return eq, cores, mem
 
 
-def is_fractional(pod_sets: Iterable[PodSet], card_memory_mib: float | None) -> bool:
+def gpu_summary(pod_sets: Iterable[PodSet], card_memory_mib: float | None) -> tuple[bool, bool]:
+    """(asks for a GPU, some container takes less than whole GPUs) in one pass."""
+    wants = fractional = False
     for ps in pod_sets:
         for c in ps.containers:
-            if GPU in c.resources:
-                e, _, _ = container_gpu(c, card_memory_mib)
-                if e < float(c.resources[GPU]):
-                    return True
-    return False
+            res = c.resources
+            if GPU in res:
+                wants = True
+                if GPUCORES in res or GPUMEM_PERCENTAGE in res or GPUMEM in res:
+                    e, _, _ = container_gpu(c, card_memory_mib)
+                    if e < float(res[GPU]):
+                        fractional = True
+    return wants, fractional
+
+
+def is_fractional(pod_sets: Iterable[PodSet], card_memory_mib: float | None) -> bool:
+    return gpu_summary(pod_sets, card_memory_mib)[1]
 
 
 def requests_gpu(pod_sets: Iterable[PodSet]) -> bool:
-    return any(GPU in c.resources for ps in pod_sets for c in ps.containers)
+    return gpu_summary(pod_sets, None)[0]
 
 
 def resource_problems(workload: Workload, settings: Settings) -> list[tuple[InputProblem, bool]]:
@@ -153,6 +164,8 @@ def resource_problems(workload: Workload, settings: Settings) -> list[tuple[Inpu
     for ps in workload.pod_sets:
         for c in ps.containers:
             for name, q in c.resources.items():
+                if name in _PLAIN_RESOURCES:  # hot path: nothing to check
+                    continue
                 where = f"spec.podSets[{ps.name}].containers[{c.name}].resources.{name}"
                 if name == GPUMEM and (q != q.to_integral_value() or q > MAX_GPUMEM_MIB or q < 0):
                     out.append((

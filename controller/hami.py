@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from typing import NamedTuple
 
-from controller.accounting import is_fractional, requests_gpu
+from controller.accounting import gpu_summary
 from controller.config import NODE_POLICIES, Settings, valid_gpu_policy
 from controller.domain import (
     GPU,
@@ -39,25 +39,32 @@ from controller.plan import HamiDecision
 _FRACTION = re.compile(r"^(?:0(?:\.[0-9]+)?|1(?:\.0*)?|\.[0-9]+)$")
 
 
-@dataclass(frozen=True, slots=True)
-class _Source:
-    """One place annotations can come from, for messages."""
+class _Source(NamedTuple):
+    """One place annotations can come from; the ref is built only for messages (hot path)."""
 
-    ref: ObjectRef
+    owner: Workload | JobInfo
     field_prefix: str
     annotations: Mapping[str, str]
 
+    @property
+    def ref(self) -> ObjectRef:
+        return self.owner.ref
+
+
+_META = "metadata.annotations"
+
 
 def _sources(workload: Workload, job: JobInfo | None) -> list[_Source]:
-    out = [_Source(workload.ref, "metadata.annotations", workload.annotations)]
+    out = [_Source(workload, _META, workload.annotations)]
     if job is not None:
-        out.append(_Source(job.ref, "metadata.annotations", job.annotations))
-        out.append(_Source(job.ref, "spec.template.metadata.annotations", job.template_annotations))
+        out.append(_Source(job, _META, job.annotations))
+        out.append(_Source(job, "spec.template.metadata.annotations", job.template_annotations))
     for ps in workload.pod_sets:
-        out.append(
-            _Source(workload.ref, f"spec.podSets[{ps.name}].template.metadata.annotations",
-                    ps.annotations)
-        )
+        if ps.annotations:
+            out.append(_Source(
+                workload, f"spec.podSets[{ps.name}].template.metadata.annotations",
+                ps.annotations,
+            ))
     return out
 
 
@@ -109,13 +116,67 @@ def decide_hami(
 ) -> tuple[HamiDecision | None, list[InputProblem]]:
     """The HAMi decision for one pending workload, or None when it asks for no GPU."""
     problems: list[InputProblem] = []
-    sources = _sources(workload, job)
-    wants_gpu = requests_gpu(workload.pod_sets)
-
+    wants_gpu, fractional = gpu_summary(workload.pod_sets, card_memory_mib)
     node: str | None = None
     gpu: str | None = None
     reasons: list[str] = []
-    current: dict[str, str] = {}
+    cores: int | None = None
+    mem: int | None = None
+    # Hot path: most workloads carry none of the annotations read below.
+    if _mentions(workload, job):
+        node, gpu, cores, problems = _from_annotations(
+            _sources(workload, job), wants_gpu, settings.hami_version, reasons
+        )
+        mem = cores
+    if problems or not wants_gpu:
+        return None, problems
+
+    fractional = fractional or (cores is not None and cores < 100)
+    # 3. Rules, then defaults.
+    if node is None or gpu is None:
+        cls_name = priority_class.value
+        for i, rule in enumerate(settings.hami_rules):
+            if not rule.matches(cls_name, workload.queue_name, cluster_queue, fractional):
+                continue
+            if node is None and rule.node_policy:
+                node = rule.node_policy
+                reasons.append(f"node policy from HAMI_RULES[{i}]")
+            if gpu is None and rule.gpu_policy:
+                gpu = rule.gpu_policy
+                reasons.append(f"gpu policy from HAMI_RULES[{i}]")
+    if node is None and settings.hami_default_node_policy:
+        node = settings.hami_default_node_policy
+        reasons.append("node policy from HAMI_DEFAULT_NODE_POLICY")
+    if gpu is None and settings.hami_default_gpu_policy:
+        gpu = settings.hami_default_gpu_policy
+        reasons.append("gpu policy from HAMI_DEFAULT_GPU_POLICY")
+
+    if node is None and gpu is None and cores is None:
+        return None, []
+    changes = _changes(workload, job, node, gpu, cores, mem)
+    return HamiDecision(node, gpu, cores, mem, "; ".join(reasons), tuple(changes)), []
+
+
+def _mentions(workload: Workload, job: JobInfo | None) -> bool:
+    maps = [workload.annotations, *(ps.annotations for ps in workload.pod_sets)]
+    if job is not None:
+        maps += [job.annotations, job.template_annotations]
+    return any(m and not m.keys().isdisjoint(_READ_KEYS) for m in maps)
+
+
+_READ_KEYS = frozenset({
+    HAMI_NODE_POLICY_ANNOTATION, HAMI_GPU_POLICY_ANNOTATION, SCHEDULING_POLICY_ANNOTATION,
+    GPU_FRACTION_ANNOTATION,
+})
+
+
+def _from_annotations(
+    sources: list[_Source], wants_gpu: bool, hami_version: str, reasons: list[str]
+) -> tuple[str | None, str | None, int | None, list[InputProblem]]:
+    """Sources 1 and 2 and the GPU fraction: (node, gpu, fraction %, problems)."""
+    problems: list[InputProblem] = []
+    node: str | None = None
+    gpu: str | None = None
 
     # 1. The workload's own HAMi annotations.
     for src in sources:
@@ -126,12 +187,12 @@ def decide_hami(
             val = src.annotations.get(key)
             if val is None:
                 continue
-            ok = val in NODE_POLICIES if is_node else valid_gpu_policy(val, settings.hami_version)
+            ok = val in NODE_POLICIES if is_node else valid_gpu_policy(val, hami_version)
             if not ok:
                 allowed = (
                     ", ".join(NODE_POLICIES) if is_node
                     else "binpack, spread, topology-aware"
-                    f" (+ mutex, numa, chains from v2.10; configured {settings.hami_version})"
+                    f" (+ mutex, numa, chains from v2.10; configured {hami_version})"
                 )
                 problems.append(InputProblem(
                     src.ref, f"{src.field_prefix}[{key}]", val,
@@ -139,7 +200,6 @@ def decide_hami(
                     "fall back to its default",
                 ))
                 continue
-            current.setdefault(key, val)
             if is_node and node is None:
                 node = val
                 reasons.append(f"node policy from {src.ref} {key}")
@@ -152,7 +212,7 @@ def decide_hami(
         val = src.annotations.get(SCHEDULING_POLICY_ANNOTATION)
         if val is None:
             continue
-        parsed = parse_scheduling_policy(val, settings.hami_version)
+        parsed = parse_scheduling_policy(val, hami_version)
         if parsed is None:
             problems.append(InputProblem(
                 src.ref, f"{src.field_prefix}[{SCHEDULING_POLICY_ANNOTATION}]", val,
@@ -171,7 +231,6 @@ def decide_hami(
 
     # GPU fraction (Workload, then Job).
     cores: int | None = None
-    mem: int | None = None
     for src in sources[:2]:
         val = src.annotations.get(GPU_FRACTION_ANNOTATION)
         if val is None:
@@ -189,52 +248,18 @@ def decide_hami(
                 f"the workload requests no {GPU}: a GPU fraction has nothing to apply to",
             ))
         else:
-            cores = mem = pct
+            cores = pct
             reasons.append(f"gpucores/gpumem-percentage {pct} from {GPU_FRACTION_ANNOTATION}={val}")
         break
-
-    if problems or not wants_gpu:
-        return None, problems
-
-    fractional = (cores is not None and cores < 100) or is_fractional(
-        workload.pod_sets, card_memory_mib
-    )
-    # 3. Rules, then defaults.
-    if node is None or gpu is None:
-        for i, rule in enumerate(settings.hami_rules):
-            if not rule.matches(priority_class.value, workload.queue_name, cluster_queue,
-                                fractional):
-                continue
-            if node is None and rule.node_policy:
-                node = rule.node_policy
-                reasons.append(f"node policy from HAMI_RULES[{i}]")
-            if gpu is None and rule.gpu_policy:
-                gpu = rule.gpu_policy
-                reasons.append(f"gpu policy from HAMI_RULES[{i}]")
-    if node is None and settings.hami_default_node_policy:
-        node = settings.hami_default_node_policy
-        reasons.append("node policy from HAMI_DEFAULT_NODE_POLICY")
-    if gpu is None and settings.hami_default_gpu_policy:
-        gpu = settings.hami_default_gpu_policy
-        reasons.append("gpu policy from HAMI_DEFAULT_GPU_POLICY")
-
-    changes = _changes(workload, job, node, gpu, cores, mem)
-    if node is None and gpu is None and cores is None:
-        return None, []
-    return HamiDecision(
-        node_policy=node,
-        gpu_policy=gpu,
-        gpucores=cores,
-        gpumem_percentage=mem,
-        reason="; ".join(reasons),
-        changes=tuple(changes),
-    ), []
+    return node, gpu, cores, problems
 
 
 def _template_annotations(workload: Workload, job: JobInfo | None) -> Mapping[str, str]:
     """Where HAMi reads policies: the pod template (Job template, else the pod sets')."""
     if job is not None:
         return job.template_annotations
+    if len(workload.pod_sets) == 1:
+        return workload.pod_sets[0].annotations
     merged: dict[str, str] = {}
     for ps in workload.pod_sets:
         merged.update(ps.annotations)

@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 from types import MappingProxyType
+from typing import Any
 
 from controller.accounting import (
     UsageHistory,
@@ -49,6 +50,11 @@ from controller.plan import Plan, PriorityBreakdown, TeamShare, WorkloadDecision
 
 _UNSIGNED = re.compile(r"^[0-9]{1,10}$")
 _SIGNED = re.compile(r"^-?[0-9]{1,10}$")
+_CLASS_KEYS = (URGENT_ANNOTATION, APPROVED_ANNOTATION)
+_POLICY_KEYS = frozenset({
+    URGENT_ANNOTATION, APPROVED_ANNOTATION, PRIORITY_OVERRIDE_ANNOTATION,
+    BASE_PRIORITY_ANNOTATION, KUEUE_PRIORITY_BOOST_ANNOTATION,
+})
 
 
 def clamp_int32(value: int) -> int:
@@ -67,11 +73,10 @@ def read_class(
     The highest class any source sets wins."""
     problems: list[InputProblem] = []
     urgent = approved = False
-    sources = [(workload.ref, workload.annotations)]
-    if job is not None:
-        sources.append((job.ref, job.annotations))
-    for ref, ann in sources:
-        for key in (URGENT_ANNOTATION, APPROVED_ANNOTATION):
+    sources: list[Workload | JobInfo] = [workload] if job is None else [workload, job]
+    for src in sources:
+        ann = src.annotations
+        for key in _CLASS_KEYS:
             val = ann.get(key)
             if val is None or val == "false":
                 continue
@@ -82,7 +87,7 @@ def read_class(
                     approved = True
                 continue
             problems.append(InputProblem(
-                ref, f"metadata.annotations[{key}]", val,
+                src.ref, f"metadata.annotations[{key}]", val,
                 'expected exactly "true" (or "false"); the value is case- and space-sensitive',
             ))
     if urgent:
@@ -97,17 +102,15 @@ def read_override(
 ) -> tuple[int | None, list[InputProblem]]:
     """`wdrf.x-k8s.io/priority-override`: a plain decimal integer 0..MAX_OVERRIDE (no sign,
     exponent or spaces), from the Workload, else the owner Job."""
-    sources = [(workload.ref, workload.annotations)]
-    if job is not None:
-        sources.append((job.ref, job.annotations))
-    for ref, ann in sources:
-        val = ann.get(PRIORITY_OVERRIDE_ANNOTATION)
+    sources: list[Workload | JobInfo] = [workload] if job is None else [workload, job]
+    for src in sources:
+        val = src.annotations.get(PRIORITY_OVERRIDE_ANNOTATION)
         if val is None:
             continue
         if _UNSIGNED.match(val) and int(val) <= MAX_OVERRIDE:
             return int(val), []
         return None, [InputProblem(
-            ref, f"metadata.annotations[{PRIORITY_OVERRIDE_ANNOTATION}]", val,
+            src.ref, f"metadata.annotations[{PRIORITY_OVERRIDE_ANNOTATION}]", val,
             f"expected a plain integer 0..{MAX_OVERRIDE} (no sign, exponent or spaces)",
         )]
     return None, []
@@ -185,7 +188,16 @@ def compute_plan(
     card_mib = card_memory(inventory, settings)
     cap, _cap_source = capacity(snapshot, inventory)
 
-    plan_problems: list[InputProblem] = list(snapshot.problems)
+    # Parser problems on a Workload travel with its decision (and leave it unchanged).
+    plan_problems: list[InputProblem] = []
+    parse_problems: dict[tuple[str, str], list[InputProblem]] = {}
+    pending_keys = {(w.namespace, w.name) for w in snapshot.workloads if w.pending and w.active}
+    for prob in snapshot.problems:
+        o = prob.object
+        if o is not None and o.kind == "Workload" and (o.namespace, o.name) in pending_keys:
+            parse_problems.setdefault((o.namespace, o.name), []).append(prob)
+        else:
+            plan_problems.append(prob)
     warnings: list[str] = list(settings.warnings())
 
     # Usage of admitted (quota-reserved, unfinished) workloads, per team.
@@ -220,24 +232,42 @@ def compute_plan(
         t: fairness_term(ts.dominant_share, total_weight, settings) for t, ts in teams.items()
     }
 
-    decisions: list[tuple[tuple[int, datetime, str], dict[str, object]]] = []
+    # Hot loop (10,000+ workloads): settings and per-class values read once.
+    # Enum hashing is Python-level and slow: branch on identity instead of dict lookups.
+    urgent, approved, normal = PriorityClass.URGENT, PriorityClass.APPROVED, PriorityClass.NORMAL
+    term_u, term_a, term_n = (class_term(c, settings) for c in (urgent, approved,
+                                                                 PriorityClass.NORMAL))
+    weight_u, weight_a, weight_n = (settings.class_weight(c) for c in (urgent, approved,
+                                                                       PriorityClass.NORMAL))
+    max_wait = settings.max_aging_time
+    step = settings.aging_step
+    coef = settings.aging_coefficient
+    rows: list[tuple[tuple[int, datetime, str], tuple[Any, ...]]] = []
     unknown_lq = 0
     for w, job, team in pending:
         cq = lq_to_cq.get((w.namespace, w.queue_name))
         if cq is None:
             unknown_lq += 1
-        problems: list[InputProblem] = []
-        blocking = False
+        problems: list[InputProblem] = list(parse_problems.get((w.namespace, w.name), ()))
 
-        cls, p = read_class(w, job)
-        problems += p
-        override, p = read_override(w, job)
-        problems += p
-        base, p = read_base(w)
-        problems += p
-        blocking = bool(problems)
-        current_boost, p = read_current_boost(w)
-        problems += p
+        ann = w.annotations
+        if (not ann or ann.keys().isdisjoint(_POLICY_KEYS)) and (
+            job is None or not job.annotations
+            or job.annotations.keys().isdisjoint(_POLICY_KEYS)
+        ):  # hot path: nothing to read, all defaults
+            cls, override, current_boost = normal, None, None
+            base = w.priority or 0
+            blocking = bool(problems)
+        else:
+            cls, p = read_class(w, job)
+            problems += p
+            override, p = read_override(w, job)
+            problems += p
+            base, p = read_base(w)
+            problems += p
+            blocking = bool(problems)
+            current_boost, p = read_current_boost(w)
+            problems += p
         for prob, is_blocking in resource_problems(w, settings):
             problems.append(prob)
             blocking = blocking or is_blocking
@@ -246,47 +276,53 @@ def compute_plan(
             problems += p
             blocking = True
 
-        current_effective = (w.priority or 0) + (current_boost or 0)
-        wait = max((now - w.created).total_seconds(), 0.0)
         if blocking:
-            fields: dict[str, object] = dict(
-                key=w.key, uid=w.uid, cluster_queue=cq, team=team,
-                base_priority=base, current_priority=w.priority, current_boost=current_boost,
-                target_boost=current_boost or 0,
-                target_priority=w.priority if w.priority is not None else base,
-                breakdown=None, hami=None, problems=tuple(problems), leave_unchanged=True,
+            # Bad input: leave exactly what is there; rank by what Kueue sees now.
+            planned = (w.priority or 0) + (current_boost or 0)
+            args: tuple[Any, ...] = (
+                w.key, w.uid, cq, team, base, w.priority, current_boost,
+                current_boost or 0, w.priority if w.priority is not None else base,
+                None, None, tuple(problems), True,
             )
-            planned = current_effective
         else:
             ts = teams[team]
             fair = fair_points[team]
-            aging = aging_term(wait, settings)
-            total = class_term(cls, settings) + fair + aging
+            wait = (now - w.created).total_seconds()
+            if wait < 0:
+                wait = 0.0
+            # = aging_term(wait, settings), inlined
+            aging = math.floor(coef * (math.floor(min(wait, max_wait) / step) * step) + 1e-9)
+            if cls is urgent:
+                total, cweight = term_u + fair + aging, weight_u
+            elif cls is approved:
+                total, cweight = term_a + fair + aging, weight_a
+            else:
+                total, cweight = term_n + fair + aging, weight_n
             boost = total if override is None else override - base
-            boost = clamp_int32(boost)
-            planned = clamp_int32(base + boost)
-            fields = dict(
-                key=w.key, uid=w.uid, cluster_queue=cq, team=team,
-                base_priority=base, current_priority=w.priority, current_boost=current_boost,
-                target_boost=boost, target_priority=planned,
-                breakdown=PriorityBreakdown(
-                    priority_class=cls, class_weight=settings.class_weight(cls), team=team,
-                    dominant_resource=ts.dominant_resource, dominant_share=ts.dominant_share,
-                    fairness_term=fair, wait_seconds=wait, aging_term=aging,
-                    override=override, score=boost,
-                ),
-                hami=hami, problems=tuple(problems), leave_unchanged=False,
+            boost = INT32_MIN if boost < INT32_MIN else INT32_MAX if boost > INT32_MAX else boost
+            planned = base + boost
+            planned = (
+                INT32_MIN if planned < INT32_MIN else INT32_MAX if planned > INT32_MAX else planned
+            )
+            breakdown = PriorityBreakdown(
+                cls, cweight, team, ts.dominant_resource, ts.dominant_share,
+                fair, wait, aging, override, boost,
+            )
+            args = (
+                w.key, w.uid, cq, team, base, w.priority, current_boost, boost, planned,
+                breakdown, hami, tuple(problems), False,
             )
         # Kueue's order inside a ClusterQueue: higher priority, then earlier creation, then UID.
-        decisions.append(((-planned, w.created, w.uid), fields))
+        rows.append(((-planned, w.created, w.uid), args))
 
-    decisions.sort(key=lambda kd: kd[0])
+    rows.sort(key=lambda row: row[0])
     ranked: list[WorkloadDecision] = []
-    position: dict[object, int] = {}
-    for _, f in decisions:
-        r = position.get(f["cluster_queue"], 0)
-        position[f["cluster_queue"]] = r + 1
-        ranked.append(WorkloadDecision(rank=r, **f))  # type: ignore[arg-type]
+    position: dict[str | None, int] = {}
+    for _, a in rows:
+        r = position.get(a[2], 0)
+        position[a[2]] = r + 1
+        # Positional: key, uid, cluster_queue, team, rank, then the rest in field order.
+        ranked.append(WorkloadDecision(a[0], a[1], a[2], a[3], r, *a[4:]))
 
     for queue in sorted(snapshot.cluster_queues, key=lambda c: c.name):
         if queue.preemption.can_evict:

@@ -1,0 +1,154 @@
+"""Benchmark compute_plan on a synthetic cluster (not a test).
+
+    .venv/bin/python bench/plan_bench.py [--pending 10000] [--admitted 5000] [--teams 100]
+                                         [--queues 50] [--runs 7]
+
+Prints the median wall time of one full plan and peak memory: tracemalloc's peak of Python
+allocations during one plan, and the process's max RSS (snapshot + plan + interpreter).
+Goal (issue 3): <= 250 ms and <= 200 MB for 10,000 pending + 5,000 admitted Workloads, 100 teams,
+50 ClusterQueues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import resource
+import statistics
+import sys
+import time
+import tracemalloc
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from controller.config import Settings  # noqa: E402
+from controller.domain import (  # noqa: E402
+    APPROVED_ANNOTATION,
+    CPU,
+    GPU,
+    GPU_FRACTION_ANNOTATION,
+    GPUCORES,
+    GPUMEM_PERCENTAGE,
+    MEMORY,
+    URGENT_ANNOTATION,
+    Admission,
+    ClusterQueue,
+    ClusterSnapshot,
+    Container,
+    KueueApiVersion,
+    LocalQueue,
+    PodSet,
+    Preemption,
+    ResourceQuota,
+    Workload,
+    frozen_resources,
+)
+from controller.policy import compute_plan  # noqa: E402
+
+NOW = datetime(2025, 11, 20, 12, 0, tzinfo=UTC)
+
+
+def synthetic(pending: int, admitted: int, teams: int, queues: int, seed: int = 1) -> ClusterSnapshot:
+    rnd = random.Random(seed)
+    cqs = tuple(
+        ClusterQueue(
+            f"cq-{i:02d}", KueueApiVersion.V1BETA2,
+            quotas=(ResourceQuota("gpu", GPU, Decimal(64)),
+                    ResourceQuota("gpu", CPU, Decimal(2048)),
+                    ResourceQuota("gpu", MEMORY, Decimal(16 * 2**40))),
+            cohort="pool",
+            preemption=Preemption(within_cluster_queue="LowerPriority") if i % 10 == 0
+            else Preemption(),
+        )
+        for i in range(queues)
+    )
+    names = [f"team-{i:03d}" for i in range(teams)]
+    lqs = tuple(LocalQueue(ns, "default", cqs[i % queues].name) for i, ns in enumerate(names))
+
+    def make(i: int, is_admitted: bool) -> Workload:
+        ns = names[rnd.randrange(teams)]
+        kind = rnd.random()
+        res: dict[str, Decimal] = {CPU: Decimal(rnd.choice([1, 4, 8, 16])),
+                                   MEMORY: Decimal(rnd.choice([8, 32, 128]) * 2**30)}
+        if kind < 0.6:
+            res[GPU] = Decimal(rnd.choice([1, 2, 4, 8]))
+        elif kind < 0.85:
+            res[GPU] = Decimal(1)
+            pct = Decimal(rnd.choice([10, 25, 50]))
+            res[GPUCORES] = pct
+            res[GPUMEM_PERCENTAGE] = pct
+        count = rnd.choice([1, 1, 1, 2, 4])
+        ann: dict[str, str] = {}
+        r = rnd.random()
+        if r < 0.05:
+            ann[URGENT_ANNOTATION] = "true"
+        elif r < 0.2:
+            ann[APPROVED_ANNOTATION] = "true"
+        if GPU in res and rnd.random() < 0.05:
+            ann[GPU_FRACTION_ANNOTATION] = "0.5"
+        if rnd.random() < 0.005:
+            ann[URGENT_ANNOTATION] = "yes"  # some bad input, as in real life
+        usage = frozen_resources({k: v * count for k, v in res.items()})
+        return Workload(
+            namespace=ns,
+            name=f"job-{i:05d}",
+            uid=f"uid-{i:05d}",
+            api_version=KueueApiVersion.V1BETA2,
+            queue_name="default",
+            created=NOW - timedelta(seconds=rnd.uniform(0, 10 * 86400)),
+            pod_sets=(PodSet("main", count, (Container("c", frozen_resources(res)),)),),
+            priority=0,
+            quota_reserved=is_admitted,
+            admitted=is_admitted,
+            admission=Admission(lqs[names.index(ns)].cluster_queue, usage) if is_admitted
+            else None,
+            annotations=ann,
+        )
+
+    wls = [make(i, False) for i in range(pending)]
+    wls += [make(pending + i, True) for i in range(admitted)]
+    return ClusterSnapshot(workloads=tuple(wls), cluster_queues=cqs, local_queues=lqs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--pending", type=int, default=10_000)
+    ap.add_argument("--admitted", type=int, default=5_000)
+    ap.add_argument("--teams", type=int, default=100)
+    ap.add_argument("--queues", type=int, default=50)
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args()
+
+    snap = synthetic(args.pending, args.admitted, args.teams, args.queues)
+    settings = Settings()
+    compute_plan(snap, settings, NOW)  # warm up imports and caches
+    times, cpu = [], []
+    for _ in range(args.runs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        plan = compute_plan(snap, settings, NOW)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    tracemalloc.start()
+    compute_plan(snap, settings, NOW)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    med = statistics.median(times)
+    print(f"workloads: {args.pending} pending + {args.admitted} admitted, {args.teams} teams, "
+          f"{args.queues} ClusterQueues; decisions: {len(plan.decisions)}")
+    print(f"compute_plan median: {med * 1000:.1f} ms over {args.runs} runs "
+          f"(min {min(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms; "
+          f"{med / max(1, args.pending + args.admitted) * 1e6:.1f} us/workload)")
+    print(f"compute_plan median CPU time: {statistics.median(cpu) * 1000:.1f} ms "
+          f"(less sensitive to other load on the machine; load average now "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs)")
+    print(f"peak memory: {peak / 2**20:.1f} MiB allocated during one plan (tracemalloc); "
+          f"process max RSS {rss_kib / 1024:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
