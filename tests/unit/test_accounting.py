@@ -1,0 +1,140 @@
+"""Accounting: teams, GPU-equivalents, capacity sources, shares."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from decimal import Decimal
+from itertools import pairwise
+
+import pytest
+from wdrf_build import NOW, snapshot, wl
+from wdrf_build import settings as make_settings
+
+from controller.accounting import (
+    capacity,
+    card_memory,
+    container_gpu,
+    fairness_term,
+    gpu_inventory,
+    team_of,
+)
+from controller.config import Settings
+from controller.domain import (
+    GPU,
+    CapacitySource,
+    Container,
+    GpuDevice,
+    NodeInventory,
+    TeamSource,
+    frozen_resources,
+)
+from controller.policy import compute_plan
+
+
+def c(res: dict[str, str]) -> Container:
+    return Container("c", frozen_resources({k: Decimal(v) for k, v in res.items()}))
+
+
+G, CORES, MEM, PCT = GPU, "nvidia.com/gpucores", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage"
+
+
+@pytest.mark.parametrize(
+    ("res", "card", "expected"),
+    [
+        ({G: "1"}, None, (1.0, 1.0, 1.0)),
+        ({G: "2"}, None, (2.0, 2.0, 2.0)),
+        ({G: "1", CORES: "25", PCT: "25"}, None, (0.25, 0.25, 0.25)),
+        ({G: "2", CORES: "50", PCT: "10"}, None, (1.0, 1.0, 0.2)),
+        # memory only: cores unthrottled (0) -> memory decides
+        ({G: "1", PCT: "30"}, None, (0.3, 0.0, 0.3)),
+        # cores only: memory is the whole card -> one GPU
+        ({G: "1", CORES: "25"}, None, (1.0, 0.25, 1.0)),
+        # gpumem MiB over card memory
+        ({G: "1", MEM: "20480"}, 81920.0, (0.25, 0.0, 0.25)),
+        # gpumem with unknown card: counted as the whole card
+        ({G: "1", MEM: "20480"}, None, (1.0, 1.0, 1.0)),
+        ({"cpu": "4"}, None, (0.0, 0.0, 0.0)),
+    ],
+)
+def test_gpu_equivalents(res: dict[str, str], card: float | None,
+                         expected: tuple[float, float, float]) -> None:
+    assert container_gpu(c(res), card) == pytest.approx(expected)
+
+
+def test_four_quarter_jobs_weigh_one_gpu() -> None:
+    q = {"nvidia.com/gpucores": "25", "nvidia.com/gpumem-percentage": "25"}
+    plan = compute_plan(snapshot([wl(f"q{i}", admitted=True, resources=q) for i in range(4)]
+                                 + [wl("p")]), Settings(), NOW)
+    assert plan.teams["team-a"].usage[GPU] == 1
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [(TeamSource.NAMESPACE, "team-a"), (TeamSource.LABEL, "vision"),
+     (TeamSource.LOCAL_QUEUE, "team-a/default")],
+)
+def test_team_sources(source: TeamSource, expected: str) -> None:
+    s = make_settings(team_source=source)
+    w = replace(wl("p"), labels={"wdrf.x-k8s.io/team": "vision"})
+    assert team_of(w, s) == expected
+
+
+def test_team_label_from_job_then_namespace() -> None:
+    s = make_settings(team_source=TeamSource.LABEL)
+    assert team_of(wl("p"), s, {"wdrf.x-k8s.io/team": "speech"}) == "speech"
+    assert team_of(wl("p"), s) == "team-a"
+
+
+def _node(name: str, source: CapacitySource, n: int, healthy: int, mem: int = 81920,
+          age: float | None = 10) -> NodeInventory:
+    gpus = tuple(GpuDevice(f"GPU-{name}-{i}", i, "H100", mem, healthy=i < healthy)
+                 for i in range(n))
+    return NodeInventory(name, source, gpus,
+                         None if age is None else NOW - timedelta(seconds=age))
+
+
+def test_capacity_from_inventory_counts_healthy_physical_gpus() -> None:
+    nodes = (_node("a", CapacitySource.HAMI, 8, 8, age=None),
+             _node("b", CapacitySource.HAMI, 8, 7, age=None),
+             _node("b", CapacitySource.AGENT, 8, 6))
+    inv, src = gpu_inventory(nodes, Settings(), NOW)
+    assert src is CapacitySource.AGENT  # fresh agent data wins on node b
+    cap, source = capacity(snapshot([]), inv)
+    assert cap[GPU] == 14 and cap["nvidia.com/gpucores"] == 14 and source is CapacitySource.AGENT
+    assert card_memory(inv, Settings()) == 81920
+
+
+def test_stale_agent_inventory_falls_back_to_hami() -> None:
+    nodes = (_node("b", CapacitySource.HAMI, 8, 7, age=None),
+             _node("b", CapacitySource.AGENT, 8, 6, age=3600))
+    inv, src = gpu_inventory(nodes, Settings(), NOW)
+    assert src is CapacitySource.HAMI and inv[0].healthy_gpus == 7
+
+
+def test_quota_capacity_source_ignores_nodes() -> None:
+    s = make_settings(capacity_source="quota")
+    assert gpu_inventory((_node("a", CapacitySource.HAMI, 8, 8),), s, NOW) == ([], None)
+    cap, source = capacity(snapshot([], gpus=8), [])
+    assert cap[GPU] == 8 and source is CapacitySource.QUOTA
+
+
+def test_card_memory_falls_back_to_setting() -> None:
+    assert card_memory([], Settings()) is None
+    assert card_memory([], make_settings(gpu_memory_mib=40960)) == 40960
+
+
+def test_fairness_term_is_monotone_and_bounded() -> None:
+    s = Settings()
+    vals = [fairness_term(x / 100, 4, s) for x in range(0, 300)]
+    assert vals[0] == s.fairness_points
+    assert all(a >= b for a, b in pairwise(vals))
+    assert all(0 <= v <= s.fairness_points and v % 100 == 0 for v in vals)
+
+
+def test_resource_weight_zero_ignores_resource() -> None:
+    s = make_settings(resource_weights={"cpu": 1.0, GPU: 0.0})
+    plan = compute_plan(snapshot([wl("r", admitted=True, resources={"cpu": "8"}), wl("p")]),
+                        s, NOW)
+    t = plan.teams["team-a"]
+    assert t.dominant_resource == "cpu" and GPU not in t.shares
