@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from controller.live.api import JSON, ApiError, Transport, WriteRefused
+from controller.live.api import JSON, JSON_PATCH, ApiError, Transport, WriteRefused
 from controller.live.backoff import Backoff
 from controller.live.diff import GPU_FRACTION, Change, redo
 from controller.live.metrics import Metrics
@@ -56,13 +56,18 @@ class ApplyReport:
         return out
 
 
-def is_conflict(error: ApiError) -> bool:
-    """409, or the 422 the apiserver answers when a JSON-patch `test` op does not hold."""
-    if error.status == 409:
-        return True
-    return error.status == 422 and "test" in error.message.lower() and "fail" in (
-        error.message.lower()
+def has_test_op(change: Change) -> bool:
+    return change.content_type == JSON_PATCH and any(
+        isinstance(op, dict) and op.get("op") == "test" for op in change.body
     )
+
+
+def is_conflict(error: ApiError, change: Change) -> bool:
+    """409, or a 422 to a JSON patch with a `test` op: the apiserver answers a failed test
+    with a bare 422 "Invalid" ("the server rejected our request due to an error in our
+    request"). Re-reading tells which: if the recomputed patch is the same, it was not the
+    test (see `Applier._apply_one`)."""
+    return error.status == 409 or (error.status == 422 and has_test_op(change))
 
 
 def is_immutable(error: ApiError) -> bool:
@@ -129,14 +134,18 @@ class Applier:
                     return Outcome(current, UNSUPPORTED, e)
                 if e.status == 404:  # deleted since the cache saw it: nothing to do
                     return Outcome(current, NOOP, e)
-                if is_conflict(e):
+                if is_conflict(e, current):
                     try:
-                        current = self._reread(current)
+                        fresh = self._reread(current)
                     except ApiError as read_error:
                         if read_error.status == 404:
                             return Outcome(change, NOOP)
                         self._metrics.api_errors.labels(read_error.code_label).inc()
                         last_error = read_error
+                        continue
+                    if e.status == 422 and fresh is not None and fresh.body == current.body:
+                        return Outcome(current, FAILED, e)  # invalid, not a failed test
+                    current = fresh
                     continue
                 if e.retriable and budget[0] > 0:
                     delay = min(backoff.next(), budget[0])
@@ -150,7 +159,8 @@ class Applier:
             return Outcome(current, APPLIED)
         if current is None:
             return Outcome(change, NOOP)
-        result = CONFLICT if last_error is not None and is_conflict(last_error) else DEFERRED
+        result = CONFLICT if last_error is not None and last_error.status in (409, 422) else (
+            DEFERRED)
         return Outcome(current, result, last_error)
 
     def _send(self, change: Change) -> None:

@@ -180,3 +180,14 @@ def test_fraction_422_immutable_marks_cluster_and_reports_unsupported() -> None:
     again = diff_job_hami(decision("a", hami=HamiDecision(gpucores=50)), j, JOBS,
                           applier.resources_mutable)
     assert again.changes == () and [n.reason for n in again.notices] == ["GpuFractionNotApplied"]
+
+
+def test_422_on_json_patch_that_is_not_a_failed_test_is_a_failure_not_a_loop() -> None:
+    api = FakeApi()
+    wl = seed(api, "a", priority=10)
+    change = diff_priority(decision("a"), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    api.fail("PATCH", "/workloads/a", 422, times=1, message="spec.priority: Invalid value")
+    report = Applier(api, Metrics()).apply([change])
+    assert report.counts() == {FAILED: 1}
+    assert len(api.writes()) == 1  # re-read showed the test would hold: no blind retries
