@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controller.config import Settings  # noqa: E402
-from controller.domain import (  # noqa: E402
+from controller.config import Settings
+from controller.domain import (
     APPROVED_ANNOTATION,
     CPU,
     GPU,
@@ -47,12 +47,14 @@ from controller.domain import (  # noqa: E402
     Workload,
     frozen_resources,
 )
-from controller.policy import compute_plan  # noqa: E402
+from controller.policy import compute_plan
 
 NOW = datetime(2025, 11, 20, 12, 0, tzinfo=UTC)
 
 
-def synthetic(pending: int, admitted: int, teams: int, queues: int, seed: int = 1) -> ClusterSnapshot:
+def synthetic(
+    pending: int, admitted: int, teams: int, queues: int, seed: int = 1
+) -> ClusterSnapshot:
     rnd = random.Random(seed)
     cqs = tuple(
         ClusterQueue(
