@@ -26,6 +26,15 @@ def _duration(seconds: float) -> str:
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
+def _amount(resource: str, value: float) -> str:
+    """Human units: bytes as GiB for memory-like resources, GPUs as GPU-equivalents."""
+    if resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-"):
+        return f"{value / 2**30:.4g}Gi"
+    if resource.startswith("nvidia.com/"):
+        return f"{value:.4g} GPU"
+    return f"{value:.4g}"
+
+
 def _opt(v: int | None) -> str:
     return "-" if v is None else str(v)
 
@@ -255,9 +264,9 @@ def explain(plan: Plan, key: str, settings: Settings) -> str:
     t = plan.teams.get(d.team)
     if t is not None:
         for r in sorted(t.shares):
-            used = float(t.usage.get(r, 0))
-            cap = float(t.capacity.get(r, 0))
-            lines.append(f"    share {r}: {used:g} / {cap:g} -> weighted {t.shares[r]:.4f}")
+            used = _amount(r, float(t.usage.get(r, 0)))
+            cap = _amount(r, float(t.capacity.get(r, 0)))
+            lines.append(f"    share {r}: {used} / {cap} -> weighted {t.shares[r]:.4f}")
         lines.append(f"    weighted dominant share: {t.dominant_share:.4f} "
                      f"({t.dominant_resource or 'no usage'})")
     b = d.breakdown
