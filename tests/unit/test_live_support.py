@@ -1,0 +1,158 @@
+"""Discovery, the PriorityBoost gate, prompt-cycle triggers, history store, logs, HTTP."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+
+import pytest
+
+from controller.accounting import UsageHistory
+from controller.domain import URGENT_ANNOTATION, KueueApiVersion
+from controller.live.api import CONFIG_MAPS, DEPLOYMENTS, path_class
+from controller.live.discovery import (
+    KueueNotServed,
+    choose_kueue_version,
+    gate_from_args,
+    gate_from_manager_config,
+    read_priority_boost_gate,
+    resolve_mode,
+)
+from controller.live.fake import FakeApi
+from controller.live.history import HistoryStore
+from controller.live.logs import JsonFormatter
+from controller.live.metrics import Health, HttpServer, Metrics
+from controller.live.snapshot import needs_prompt_cycle
+from controller.plan import PriorityMode
+
+
+def test_version_choice_prefers_v1beta2_and_falls_back() -> None:
+    assert choose_kueue_version(["v1beta1", "v1beta2"]) is KueueApiVersion.V1BETA2
+    assert choose_kueue_version(["v1beta1"]) is KueueApiVersion.V1BETA1
+    with pytest.raises(KueueNotServed):
+        choose_kueue_version([])
+
+
+def test_gate_from_manager_config() -> None:
+    assert gate_from_manager_config("featureGates:\n  PriorityBoost: true\n") is True
+    assert gate_from_manager_config("featureGates:\n  PriorityBoost: false\n") is False
+    assert gate_from_manager_config("featureGates:\n  Other: true\n") is None
+    assert gate_from_manager_config(": not yaml: [") is None
+
+
+def test_gate_from_args_last_mention_wins() -> None:
+    assert gate_from_args(["--zap", "--feature-gates=A=true,PriorityBoost=true"]) is True
+    assert gate_from_args(["--feature-gates", "PriorityBoost=false"]) is False
+    assert gate_from_args(["--feature-gates=PriorityBoost=true",
+                           "--feature-gates=PriorityBoost=false"]) is False
+    assert gate_from_args(["--config=/x"]) is None
+
+
+def test_resolve_mode() -> None:
+    assert resolve_mode(PriorityMode.AUTO, True, "cm").mode is PriorityMode.BOOST
+    assert resolve_mode(PriorityMode.AUTO, False, "cm").mode is PriorityMode.SPEC
+    assert resolve_mode(PriorityMode.AUTO, None, "cm").mode is PriorityMode.SPEC
+    boost_off = resolve_mode(PriorityMode.BOOST, False, "cm")
+    assert boost_off.mode is PriorityMode.BOOST and "WARNING" in boost_off.reason
+    assert resolve_mode(PriorityMode.SPEC, True, "cm").mode is PriorityMode.SPEC
+
+
+def test_gate_read_from_deployment_when_configmap_is_silent() -> None:
+    api = FakeApi()
+    api.put_object(DEPLOYMENTS.item("kueue-controller-manager", "kueue-system"), {
+        "metadata": {"name": "kueue-controller-manager"},
+        "spec": {"template": {"spec": {"containers": [
+            {"name": "manager", "args": ["--feature-gates=PriorityBoost=true"]}]}}}})
+    gate, where = read_priority_boost_gate(api, "kueue-system")
+    assert gate is True and "Deployment" in where
+    api.put_object(CONFIG_MAPS.item("kueue-manager-config", "kueue-system"), {
+        "metadata": {"name": "kueue-manager-config"},
+        "data": {"controller_manager_config.yaml": "featureGates: {PriorityBoost: false}"}})
+    gate, where = read_priority_boost_gate(api, "kueue-system")
+    assert gate is False and "ConfigMap" in where
+
+
+def _wl(ann: dict[str, str] | None = None, owner: str | None = None) -> dict[str, object]:
+    meta: dict[str, object] = {"name": "w", "namespace": "ns", "annotations": ann or {}}
+    if owner:
+        meta["ownerReferences"] = [{"kind": "Job", "name": owner, "controller": True}]
+    return {"metadata": meta}
+
+
+def test_prompt_cycle_rules() -> None:
+    none = lambda _key: None  # noqa: E731
+    urgent_job = {"metadata": {"annotations": {URGENT_ANNOTATION: "true"}}}
+    assert needs_prompt_cycle("Workload", None, _wl({URGENT_ANNOTATION: "true"}), none)
+    assert not needs_prompt_cycle("Workload", None, _wl(), none)
+    assert needs_prompt_cycle("Workload", None, _wl(owner="j"),
+                              lambda key: urgent_job if key == "ns/j" else None)
+    assert needs_prompt_cycle("Job", _wl(), _wl({URGENT_ANNOTATION: "true"}), none)
+    assert needs_prompt_cycle("Job", _wl({URGENT_ANNOTATION: "true"}), _wl(), none)
+    assert not needs_prompt_cycle("Workload", _wl(), _wl(), none)  # status updates etc.
+    assert not needs_prompt_cycle("Workload", _wl(), None, none)  # deletions
+
+
+def test_history_store_roundtrip_and_rate_limit() -> None:
+    api = FakeApi()
+    t = [0.0]
+    store = HistoryStore(api, "kueue-system", "hist", save_every=60, clock=lambda: t[0])
+    assert store.load() is None
+    h1 = UsageHistory().advance({"a": {"cpu": 2.0}}, datetime(2026, 1, 1, tzinfo=UTC), 3600)
+    assert store.save(h1)
+    h2 = h1.advance({"a": {"cpu": 4.0}}, datetime(2026, 1, 1, 0, 1, tzinfo=UTC), 3600)
+    t[0] = 10
+    assert not store.save(h2)  # not due yet
+    assert store.save(h2, force=True)
+    fresh = HistoryStore(api, "kueue-system", "hist").load()
+    assert fresh is not None and fresh.to_json() == h2.to_json()
+    writes = len(api.writes())
+    assert not store.save(h2, force=True)  # unchanged: no write
+    assert len(api.writes()) == writes
+
+
+def test_invalid_history_is_ignored() -> None:
+    api = FakeApi()
+    api.put_object(CONFIG_MAPS.item("hist", "kueue-system"), {
+        "metadata": {"name": "hist"}, "data": {"history.json": "{nope"}})
+    assert HistoryStore(api, "kueue-system", "hist").load() is None
+
+
+def test_json_logs_carry_extras() -> None:
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "cycle %d", (3,), None)
+    record.results = {"applied": 2}
+    doc = json.loads(JsonFormatter().format(record))
+    assert doc["msg"] == "cycle 3" and doc["results"] == {"applied": 2} and doc["level"] == "INFO"
+
+
+def test_path_class() -> None:
+    assert path_class("PATCH", "/apis/kueue.x-k8s.io/v1beta2/namespaces/a/workloads/w") == (
+        "PATCH workloads")
+    assert path_class("GET", "/api/v1/nodes") == "GET nodes"
+
+
+def test_http_endpoints() -> None:
+    metrics = Metrics()
+    t = [0.0]
+    health = Health(stale_after=30, clock=lambda: t[0])
+    metrics.patches.labels("Workload", "applied").inc()
+    server = HttpServer(metrics, health, 0, host="127.0.0.1")
+    server.start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        body = urllib.request.urlopen(base + "/metrics").read().decode()
+        assert 'wdrf_patches_total{kind="Workload",result="applied"} 1.0' in body
+        assert urllib.request.urlopen(base + "/healthz").status == 200
+        with pytest.raises(urllib.error.HTTPError) as not_ready:
+            urllib.request.urlopen(base + "/readyz")
+        assert not_ready.value.code == 503
+        health.set_ready(True)
+        assert urllib.request.urlopen(base + "/readyz").status == 200
+        t[0] = 31
+        with pytest.raises(urllib.error.HTTPError) as dead:
+            urllib.request.urlopen(base + "/healthz")
+        assert dead.value.code == 503
+    finally:
+        server.stop()
