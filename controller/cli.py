@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import click
 
-from controller.config import ConfigError, Settings, load_settings
+from controller.config import SETTING_FIELDS, ConfigError, Settings, load_settings
 from controller.parse import SnapshotFileError, load_snapshot
 from controller.plan import Plan
 from controller.render import OUTPUTS, explain, explain_dict, render
@@ -65,8 +65,29 @@ def _parse_now(value: str | None) -> datetime:
     return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
 
 
-def _overrides(log_level: str | None, sets: tuple[str, ...]) -> dict[str, object]:
+def _flag(key: str) -> str:
+    return "--" + key.lower().replace("_", "-")
+
+
+def _config_flags(f: Any) -> Any:
+    """One `--some-key VALUE` flag per config key (its env var is the key itself, read by the
+    config loader, so precedence stays file < env < flag)."""
+    for key in reversed(list(SETTING_FIELDS)):
+        if key == "LOG_LEVEL":  # has its own flag with choices
+            continue
+        doc = SETTING_FIELDS[key].metadata["doc"]
+        f = click.option(_flag(key), "cfg_" + key, default=None, metavar="VALUE",
+                         help=f"{doc} [config {key}, env {key}]")(f)
+    return f
+
+
+def _overrides(
+    log_level: str | None, sets: tuple[str, ...], flags: dict[str, Any] | None = None
+) -> dict[str, object]:
     out: dict[str, object] = {}
+    for name, value in (flags or {}).items():
+        if name.startswith("cfg_") and value is not None:
+            out[name[4:]] = value
     for item in sets:
         key, sep, value = item.partition("=")
         if not sep:
@@ -77,9 +98,14 @@ def _overrides(log_level: str | None, sets: tuple[str, ...]) -> dict[str, object
     return out
 
 
-def _settings(config_path: str | None, log_level: str | None, sets: tuple[str, ...]) -> Settings:
+def _settings(
+    config_path: str | None,
+    log_level: str | None,
+    sets: tuple[str, ...],
+    flags: dict[str, Any] | None = None,
+) -> Settings:
     try:
-        return load_settings(config_path, overrides=_overrides(log_level, sets))
+        return load_settings(config_path, overrides=_overrides(log_level, sets, flags))
     except ConfigError as exc:
         click.echo(exc.render(), err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -157,12 +183,15 @@ _FILE_HELP = "Snapshot file or directory (YAML/JSON, e.g. kubectl get -o yaml); 
 @click.option("--health-check", is_flag=True, envvar="WDRF_HEALTH_CHECK", show_envvar=True,
               help="Check the live controller's health and exit (0 healthy).")
 @click.option("--now", envvar="WDRF_NOW", show_envvar=True,
-              help="Clock for the plan (RFC 3339); default: the current time.")
+              help="Clock for the plan (RFC 3339). Default: with --from-file the newest "
+              "timestamp in the snapshot, else the current time.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", envvar="WDRF_SET",
               show_envvar=True, help="Override any config key, e.g. --set AGING_COEFFICIENT=2.")
+@_config_flags
 @click.pass_context
 def main(
     ctx: click.Context,
+    /,
     dry_run: bool,
     once: bool,
     from_file: tuple[str, ...],
@@ -172,6 +201,7 @@ def main(
     health_check: bool,
     now: str | None,
     sets: tuple[str, ...],
+    **flags: Any,
 ) -> None:
     """WDRF controller: weighted-DRF fairness, approval classes and aging for Kueue + HAMi.
 
@@ -180,10 +210,10 @@ def main(
     """
     ctx.ensure_object(dict)
     ctx.obj.update(from_file=from_file, output=output, config_path=config_path,
-                   log_level=log_level, now=now, sets=sets)
+                   log_level=log_level, now=now, sets=sets, flags=flags)
     if ctx.invoked_subcommand is not None:
         return
-    settings = _settings(config_path, log_level, sets)
+    settings = _settings(config_path, log_level, sets, flags)
     setup_logging(settings)
     if health_check:
         try:
@@ -220,7 +250,8 @@ def explain_cmd(ctx: click.Context, workload: str, from_file: tuple[str, ...], o
     opts: dict[str, Any] = ctx.obj or {}
     if "/" not in workload:
         raise click.BadParameter("expected NAMESPACE/WORKLOAD", param_hint="WORKLOAD")
-    settings = _settings(opts.get("config_path"), opts.get("log_level"), opts.get("sets", ()))
+    settings = _settings(opts.get("config_path"), opts.get("log_level"), opts.get("sets", ()),
+                         opts.get("flags"))
     setup_logging(settings)
     files = tuple(opts.get("from_file", ())) + from_file
     if files:

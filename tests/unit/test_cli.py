@@ -144,3 +144,26 @@ def test_offline_run_imports_no_kubernetes() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                          check=True)
     assert "IMPORTED []" in out.stdout, out.stdout[-500:] + out.stderr[-2000:]
+
+
+def test_every_config_key_has_a_flag(runner: CliRunner) -> None:
+    from controller.config import KEYS
+
+    r = runner.invoke(main, ["--help"])
+    for key in KEYS:
+        assert "--" + key.lower().replace("_", "-") in r.output, key
+
+
+def test_config_flag_beats_env(runner: CliRunner) -> None:
+    args = ["--from-file", EXAMPLE, "-o", "json", "--now", "2025-11-20T12:00:00Z"]
+    base = json.loads(runner.invoke(main, args).output)
+    env = runner.invoke(main, args, env={"AGING_COEFFICIENT": "2"})
+    flag = runner.invoke(main, [*args, "--aging-coefficient", "0.5"],
+                         env={"AGING_COEFFICIENT": "2"})
+    assert env.exit_code == flag.exit_code == 0, env.output + flag.output
+
+    def aging(doc: dict) -> int:  # type: ignore[type-arg]
+        return sum(d["breakdown"]["agingTerm"] for d in doc["decisions"] if "breakdown" in d)
+
+    assert aging(json.loads(env.output)) == 2 * aging(base)
+    assert aging(json.loads(flag.output)) <= aging(base) // 2 + len(base["decisions"])
