@@ -354,10 +354,10 @@ class Settings:
         "PRIORITY_WEIGHTS", _DEFAULT_PRIORITY_WEIGHTS, p_priority_weights, "class weights"
     )
     priority_class_unit: int = setting(
-        "PRIORITY_CLASS_UNIT", 100, p_pos_int, "priority points per unit of class weight"
+        "PRIORITY_CLASS_UNIT", 250, p_pos_int, "priority points per unit of class weight"
     )
     fairness_points: int = setting(
-        "FAIRNESS_POINTS", 5000, p_nonneg_int, "points for a team with zero usage"
+        "FAIRNESS_POINTS", 20000, p_nonneg_int, "points for a team with zero usage"
     )
     fairness_levels: int = setting(
         "FAIRNESS_LEVELS", 50, p_pos_int, "fairness factor quantization levels"

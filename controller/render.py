@@ -56,8 +56,9 @@ def reason(d: WorkloadDecision) -> str:
     share = f"{b.dominant_share:.3f}"
     if b.dominant_resource:
         share += f" {b.dominant_resource}"
+    class_points = b.score - b.fairness_term - b.aging_term
     return (
-        f"{b.priority_class.value} {b.class_weight}u + fair {b.fairness_term} (share {share})"
+        f"{b.priority_class.value} {class_points} + fair {b.fairness_term} (share {share})"
         f" + age {b.aging_term}"
     )
 

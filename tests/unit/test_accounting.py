@@ -129,7 +129,8 @@ def test_fairness_term_is_monotone_and_bounded() -> None:
     vals = [fairness_term(x / 100, 4, s) for x in range(0, 300)]
     assert vals[0] == s.fairness_points
     assert all(a >= b for a, b in pairwise(vals))
-    assert all(0 <= v <= s.fairness_points and v % 100 == 0 for v in vals)
+    step = s.fairness_points // s.fairness_levels
+    assert all(0 <= v <= s.fairness_points and v % step == 0 for v in vals)
 
 
 def test_resource_weight_zero_ignores_resource() -> None:

@@ -36,7 +36,7 @@ def test_precedence_file_env_cli(tmp_path: Path) -> None:
 
 def test_structured_env_values() -> None:
     s = load_settings(env={
-        "PRIORITY_WEIGHTS": '{"urgent": 500, "approved": 60, "normal": 1}',
+        "PRIORITY_WEIGHTS": '{"urgent": 1000, "approved": 200, "normal": 1}',
         "TEAM_WEIGHTS": "{team-a: 2}",
         "TEAM_SOURCE": "label",
         "PRIORITY_MODE": "spec",
@@ -44,7 +44,7 @@ def test_structured_env_values() -> None:
         "HAMI_RULES": '[{"class": "urgent", "nodePolicy": "spread"}]',
         "MAX_AGING_TIME": "2d",
     })
-    assert dict(s.priority_weights) == {"urgent": 500, "approved": 60, "normal": 1}
+    assert dict(s.priority_weights) == {"urgent": 1000, "approved": 200, "normal": 1}
     assert dict(s.team_weights) == {"team-a": 2.0}
     assert s.team_source is TeamSource.LABEL and s.priority_mode is PriorityMode.SPEC
     assert s.leader_election is False and s.max_aging_time == 172800.0
@@ -70,7 +70,7 @@ def test_every_error_at_once(tmp_path: Path) -> None:
     ("env", "key"),
     [
         ({"PRIORITY_WEIGHTS": "{urgent: 1, approved: 2, normal: 3}"}, "PRIORITY_WEIGHTS"),
-        ({"FAIRNESS_POINTS": "9900"}, "FAIRNESS_POINTS"),
+        ({"FAIRNESS_POINTS": "24750"}, "FAIRNESS_POINTS"),
         ({"AGING_COEFFICIENT": "5000"}, "AGING_COEFFICIENT"),
         ({"AGING_STEP": "0"}, "AGING_STEP"),
         ({"TEAM_SOURCE": "label", "TEAM_LABEL_KEY": ""}, "TEAM_LABEL_KEY"),
@@ -99,7 +99,7 @@ def test_unreadable_config_file(tmp_path: Path) -> None:
 
 def test_overtake_window_and_warning() -> None:
     s = Settings()
-    assert s.overtake_window() == 104900 + 300
+    assert s.overtake_window() == 269750 + 300
     assert not s.warnings()
     weak = load_settings(env={"AGING_COEFFICIENT": "0.01"}, config_path=REPO / "config.yaml")
     assert math.isinf(weak.overtake_window()) and weak.warnings()
