@@ -113,8 +113,12 @@ def decide_hami(
     cluster_queue: str | None,
     settings: Settings,
     card_memory_mib: float | None,
+    cache: dict[tuple[object, ...], HamiDecision | None] | None = None,
 ) -> tuple[HamiDecision | None, list[InputProblem]]:
-    """The HAMi decision for one pending workload, or None when it asks for no GPU."""
+    """The HAMi decision for one pending workload, or None when it asks for no GPU.
+
+    `cache` (one dict per plan) shares decisions between workloads that mention no HAMi
+    annotation anywhere: theirs depend only on class, queues and fractional-ness."""
     problems: list[InputProblem] = []
     wants_gpu, fractional = gpu_summary(workload.pod_sets, card_memory_mib)
     node: str | None = None
@@ -122,15 +126,41 @@ def decide_hami(
     reasons: list[str] = []
     cores: int | None = None
     mem: int | None = None
-    # Hot path: most workloads carry none of the annotations read below.
+    key: tuple[object, ...] | None = None
     if _mentions(workload, job):
         node, gpu, cores, problems = _from_annotations(
             _sources(workload, job), wants_gpu, settings.hami_version, reasons
         )
         mem = cores
+    elif not wants_gpu:
+        return None, problems
+    elif cache is not None:  # hot path
+        key = (priority_class, workload.queue_name, cluster_queue, fractional)
+        if key in cache:
+            return cache[key], problems
     if problems or not wants_gpu:
         return None, problems
+    decision = _by_rules(workload, job, priority_class, cluster_queue, settings, fractional,
+                         node, gpu, cores, mem, reasons)
+    if key is not None and cache is not None:
+        cache[key] = decision
+    return decision, problems
 
+
+def _by_rules(
+    workload: Workload,
+    job: JobInfo | None,
+    priority_class: PriorityClass,
+    cluster_queue: str | None,
+    settings: Settings,
+    fractional: bool,
+    node: str | None,
+    gpu: str | None,
+    cores: int | None,
+    mem: int | None,
+    reasons: list[str],
+) -> HamiDecision | None:
+    """Step 3: HAMI_RULES (first match per policy), then the defaults."""
     fractional = fractional or (cores is not None and cores < 100)
     # 3. Rules, then defaults.
     if node is None or gpu is None:
@@ -152,16 +182,26 @@ def decide_hami(
         reasons.append("gpu policy from HAMI_DEFAULT_GPU_POLICY")
 
     if node is None and gpu is None and cores is None:
-        return None, []
+        return None
     changes = _changes(workload, job, node, gpu, cores, mem)
-    return HamiDecision(node, gpu, cores, mem, "; ".join(reasons), tuple(changes)), []
+    return HamiDecision(node, gpu, cores, mem, "; ".join(reasons), tuple(changes))
 
 
 def _mentions(workload: Workload, job: JobInfo | None) -> bool:
-    maps = [workload.annotations, *(ps.annotations for ps in workload.pod_sets)]
-    if job is not None:
-        maps += [job.annotations, job.template_annotations]
-    return any(m and not m.keys().isdisjoint(_READ_KEYS) for m in maps)
+    """Whether any annotation read by steps 1-2 (or the fraction) is present anywhere."""
+    keys = _READ_KEYS
+    a = workload.annotations
+    if a and not a.keys().isdisjoint(keys):
+        return True
+    for ps in workload.pod_sets:
+        if ps.annotations and not ps.annotations.keys().isdisjoint(keys):
+            return True
+    if job is None:
+        return False
+    return bool(
+        (job.annotations and not job.annotations.keys().isdisjoint(keys))
+        or (job.template_annotations and not job.template_annotations.keys().isdisjoint(keys))
+    )
 
 
 _READ_KEYS = frozenset({

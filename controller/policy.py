@@ -46,7 +46,7 @@ from controller.domain import (
     Workload,
 )
 from controller.hami import decide_hami
-from controller.plan import Plan, PriorityBreakdown, TeamShare, WorkloadDecision
+from controller.plan import HamiDecision, Plan, PriorityBreakdown, TeamShare, WorkloadDecision
 
 _UNSIGNED = re.compile(r"^[0-9]{1,10}$")
 _SIGNED = re.compile(r"^-?[0-9]{1,10}$")
@@ -242,6 +242,7 @@ def compute_plan(
     max_wait = settings.max_aging_time
     step = settings.aging_step
     coef = settings.aging_coefficient
+    hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
     rows: list[tuple[tuple[int, datetime, str], tuple[Any, ...]]] = []
     unknown_lq = 0
     for w, job, team in pending:
@@ -271,7 +272,7 @@ def compute_plan(
         for prob, is_blocking in resource_problems(w, settings):
             problems.append(prob)
             blocking = blocking or is_blocking
-        hami, p = decide_hami(w, job, cls, cq, settings, card_mib)
+        hami, p = decide_hami(w, job, cls, cq, settings, card_mib, hami_cache)
         if p:
             problems += p
             blocking = True
