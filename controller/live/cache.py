@@ -142,6 +142,8 @@ class Informer:
                 self._restart("gone")
                 need_list = True
             except ApiError as e:
+                if stop.is_set():
+                    break
                 self._metrics.api_errors.labels(e.code_label).inc()
                 self._restart("error")
                 if e.status == 410:

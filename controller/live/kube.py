@@ -8,8 +8,10 @@ each, not a tree of model objects.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -50,6 +52,8 @@ class KubeTransport:
     def __init__(self, api_client: Any, user_agent: str = "wdrf-controller") -> None:
         self._api = api_client
         self._api.user_agent = user_agent
+        self._streams: set[Any] = set()  # open watch responses, closed by `close()`
+        self._lock = threading.Lock()
 
     @classmethod
     def from_config(
@@ -127,7 +131,27 @@ class KubeTransport:
         # connection (apiserver gone without a FIN) still ends the watch.
         read_timeout = (timeout or DEFAULT_TIMEOUT) + 15.0
         raw = self._send("GET", path, query, None, None, (5.0, read_timeout))
-        return _lines(raw)
+        with self._lock:
+            self._streams.add(raw)
+        return self._lines(raw)
+
+    def close(self) -> None:
+        """End every open watch now (shutdown): their readers get an error and see `stop`."""
+        with self._lock:
+            streams, self._streams = list(self._streams), set()
+        for raw in streams:
+            with contextlib.suppress(urllib3.exceptions.HTTPError, OSError):
+                if hasattr(raw, "shutdown"):
+                    raw.shutdown()
+                else:
+                    raw.close()
+
+    def _lines(self, raw: Any) -> Iterator[JSON]:
+        try:
+            yield from _lines(raw)
+        finally:
+            with self._lock:
+                self._streams.discard(raw)
 
 
 def _lines(raw: Any) -> Iterator[JSON]:

@@ -71,6 +71,7 @@ class LeaderElector:
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
         self._leading = False
+        self._release_lock = threading.Lock()
 
     # -- state ----------------------------------------------------------------------------
 
@@ -186,20 +187,27 @@ class LeaderElector:
 
     def release(self) -> None:
         """Give the Lease up (graceful shutdown), so the next replica takes over at once."""
-        if not self._leading:
-            return
-        path = LEASES.item(self.name, self.namespace)
-        try:
-            lease: JSON = self._transport.request("GET", path)
-            spec = lease.get("spec") or {}
-            if spec.get("holderIdentity") == self.identity:
-                spec["holderIdentity"] = ""
-                spec["leaseDurationSeconds"] = 1
-                spec["renewTime"] = micro_time(self._wall())
-                lease["spec"] = spec
-                self._transport.request("PUT", path, body=lease)
-                log.info("released Lease %s/%s", self.namespace, self.name)
-        except ApiError as e:
-            log.warning("could not release Lease %s/%s: %s", self.namespace, self.name, e)
-        finally:
+        with self._release_lock:
+            if not self._leading:
+                return
+            # Stop writing first: from here on `is_leader()` is false.
             self._set_leading(False)
+            path = LEASES.item(self.name, self.namespace)
+            for _ in range(3):  # a 409 means our own renew raced us: read again
+                try:
+                    lease: JSON = self._transport.request("GET", path)
+                    spec = lease.get("spec") or {}
+                    if spec.get("holderIdentity") != self.identity:
+                        return
+                    spec["holderIdentity"] = ""
+                    spec["leaseDurationSeconds"] = 1
+                    spec["renewTime"] = micro_time(self._wall())
+                    lease["spec"] = spec
+                    self._transport.request("PUT", path, body=lease)
+                    log.info("released Lease %s/%s", self.namespace, self.name)
+                    return
+                except ApiError as e:
+                    if e.status != 409:
+                        log.warning("could not release Lease %s/%s: %s",
+                                    self.namespace, self.name, e)
+                        return

@@ -154,6 +154,7 @@ class LiveController:
         self.dry_run = dry_run
         self.identity = identity or default_identity()
         self.metrics = metrics or Metrics()
+        self._transport = transport
         self.counting = CountingTransport(
             transport, lambda verb, res: self.metrics.api_requests.labels(verb, res).inc()
         )
@@ -475,9 +476,17 @@ class LiveController:
         if self.history is not None and not self.dry_run and self.may_write():
             self.history_store.save(self.history, force=True)
         if self.elector is not None:
+            # The election thread releases the Lease when it sees `stop_event`; wait for it,
+            # then make sure (it may not have been started).
+            for t in self._threads:
+                if t.name == "leader-election":
+                    t.join(self.elector.retry_period * 1.5 + 10)
             self.elector.release()
         if self.http is not None:
             self.http.stop()
+        close = getattr(self._transport, "close", None)
+        if callable(close):
+            close()  # end open watches now rather than at their server-side timeout
 
 
 def _workload_and_owner(wl: Workload | None) -> list[ObjectRef]:
