@@ -43,6 +43,7 @@ from controller.domain import (
     InputProblem,
     JobInfo,
     PriorityClass,
+    TeamSource,
     Workload,
 )
 from controller.hami import decide_hami
@@ -204,10 +205,12 @@ def compute_plan(
     current: dict[str, Vector] = {}
     pending: list[tuple[Workload, JobInfo | None, str]] = []
     teams_seen: set[str] = set()
+    by_label = settings.team_source is TeamSource.LABEL
     for w in snapshot.workloads:
         if w.finished:
             continue
-        job = owner_job(w)
+        # The owner Job matters for pending work (class annotations) and for label teams.
+        job = owner_job(w) if (by_label or not w.quota_reserved) else None
         team = team_of(w, settings, job.labels if job else None)
         teams_seen.add(team)
         if w.quota_reserved:
