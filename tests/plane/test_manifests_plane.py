@@ -469,15 +469,24 @@ def _can(api: k8s.ApiClient, verb: str, group: str, resource: str,
 
 
 def test_controller_identity_can_do_what_it_needs(controller_client: k8s.ApiClient) -> None:
-    from tests.unit.test_manifests import EXPECTED_CLUSTER_RULES, EXPECTED_NAMESPACE_RULES
+    from tests.unit.test_manifests import expected_cluster_rules, expected_namespace_rules
 
-    for group, resource, verb in sorted(EXPECTED_CLUSTER_RULES):
+    for group, resource, verb in sorted(expected_cluster_rules()):
         assert _can(controller_client, verb, group, resource, "team-x"), (group, resource, verb)
-    for group, resource, verb in sorted(EXPECTED_NAMESPACE_RULES):
-        assert _can(controller_client, verb, group, resource, NS), (group, resource, verb)
-    # Really reads Kueue's manager configuration.
-    kube.request(controller_client, "GET", f"/api/v1/namespaces/{NS}/configmaps/"
-                 "kueue-manager-config")
+    for group, resource, verb, name in sorted(expected_namespace_rules(), key=str):
+        assert _can(controller_client, verb, group, resource, NS, name), (resource, verb, name)
+    # Really reads Kueue's manager configuration (the plane has it), and the health check's
+    # own view agrees: every permission the live controller lists is granted.
+    kube.request(controller_client, "GET",
+                 f"/api/v1/namespaces/{NS}/configmaps/kueue-manager-config")
+    from controller.config import Settings, with_overrides
+    from controller.live.rbac import permissions
+
+    s = with_overrides(Settings(), usage_half_life=3600.0)
+    for p in permissions(s):
+        if p.verb in ("get", "update") and p.namespace:
+            continue  # by name: checked above
+        assert _can(controller_client, p.verb, p.group, p.resource, p.namespace or "team-x"), p
 
 
 def test_controller_identity_is_denied_what_it_must_not_do(
@@ -497,11 +506,23 @@ def test_controller_identity_is_denied_what_it_must_not_do(
             ("delete", "", "pods", "team-x"), ("create", "", "pods", "team-x"),
             ("patch", "", "nodes", None), ("delete", "", "configmaps", NS),
             ("get", "", "configmaps", "team-x"), ("create", "", "configmaps", "team-x"),
+            ("list", "", "configmaps", NS), ("watch", "", "configmaps", NS),
             ("delete", "coordination.k8s.io", "leases", NS),
+            ("patch", "kueue.x-k8s.io", "workloads/status", "team-x"),
+            ("update", "apps", "deployments", NS),
             ("create", "", "serviceaccounts/token", NS),
             ("impersonate", "", "users", None), ("escalate", "rbac.authorization.k8s.io",
                                                   "clusterroles", None)):
         assert not _can(c, verb, group, resource, ns), (verb, group, resource, ns)
+    # By name in kueue-system: Kueue's manager config is read-only, other ConfigMaps and Leases
+    # are out of reach.
+    for verb, resource, name in (("update", "configmaps", "kueue-manager-config"),
+                                 ("patch", "configmaps", "kueue-manager-config"),
+                                 ("get", "configmaps", "some-other-config"),
+                                 ("get", "leases", "kueue-leader-lease"),
+                                 ("update", "leases", "kueue-leader-lease")):
+        group = "coordination.k8s.io" if resource == "leases" else ""
+        assert not _can(c, verb, group, resource, NS, name), (verb, resource, name)
 
     # And real attempts fail with 403.
     ns = kube.create_namespace(admin, f"deny-{suffix}")

@@ -16,6 +16,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from controller.config import Settings, with_overrides
+
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 EXAMPLES = ROOT / "examples"
@@ -25,28 +27,53 @@ SA_USER = "system:serviceaccount:kueue-system:wdrf-controller"
 
 Obj = dict[str, Any]
 
-# (apiGroup, resource, verb) the controller may use cluster-wide: exactly these, nothing else.
-# Keep in step with docs/operations.md and controller/live/.
-EXPECTED_CLUSTER_RULES: frozenset[tuple[str, str, str]] = frozenset(
-    {("kueue.x-k8s.io", "workloads", v) for v in ("get", "list", "watch", "patch")}
-    | {
-        ("kueue.x-k8s.io", r, v)
-        for r in ("clusterqueues", "localqueues", "resourceflavors")
-        for v in ("get", "list", "watch")
-    }
-    | {("batch", "jobs", v) for v in ("get", "list", "watch", "patch")}
-    | {("", "pods", v) for v in ("list", "watch", "patch")}
-    | {("", "nodes", v) for v in ("get", "list", "watch")}
-    | {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
-    | {("authorization.k8s.io", "selfsubjectaccessreviews", "create")}
-    | {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("get", "list")}
-)
-# Only inside kueue-system: the Lease, the history ConfigMap (+ reading kueue-manager-config).
-EXPECTED_NAMESPACE_RULES: frozenset[tuple[str, str, str]] = frozenset(
-    {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
-    | {("", "configmaps", v) for v in ("get", "create", "update", "patch")}
-    | {("", "events", v) for v in ("create", "patch")}
-)
+Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+NamedRule = tuple[str, str, str, str | None]  # ... plus resourceName (None: any)
+
+
+def _all_features() -> Settings:
+    """Settings under which the controller uses every permission it can: node inventory,
+    leader election and the usage-history ConfigMap all on."""
+    return with_overrides(Settings(), capacity_source="auto", leader_election=True,
+                          usage_half_life=3600.0)
+
+
+def expected_cluster_rules() -> frozenset[Rule]:
+    """Cluster-wide grants: controller/live/rbac.py's cluster-wide rows, plus
+    SelfSubjectAccessReview create for --health-check."""
+    from controller.live.rbac import permissions
+
+    rows = permissions(_all_features())
+    out = {(p.group, p.resource, p.verb) for p in rows if p.namespace is None}
+    return frozenset(out | {("authorization.k8s.io", "selfsubjectaccessreviews", "create")})
+
+
+def expected_namespace_rules() -> frozenset[NamedRule]:
+    """Grants in kueue-system, by name where the controller reads or writes one object."""
+    from controller.live.discovery import KUEUE_CONFIG_MAP, KUEUE_DEPLOYMENT
+    from controller.live.rbac import permissions
+
+    s = _all_features()
+    out: set[NamedRule] = set()
+    for p in permissions(s):
+        if p.namespace is None:
+            continue
+        assert p.namespace == NAMESPACE, p
+        name: str | None
+        if p.verb == "create":
+            name = None  # RBAC cannot restrict create by name
+        elif p.resource == "leases":
+            name = s.lease_name
+        elif p.resource == "deployments":
+            name = KUEUE_DEPLOYMENT
+        elif p.resource == "configmaps" and p.required:
+            name = s.history_config_map
+        elif p.resource == "configmaps":
+            name = KUEUE_CONFIG_MAP
+        else:
+            raise AssertionError(f"unexpected namespaced permission {p}")
+        out.add((p.group, p.resource, p.verb, name))
+    return frozenset(out)
 
 
 def kustomize(path: Path) -> list[Obj]:
@@ -83,12 +110,19 @@ def find(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
     return hits[0]
 
 
-def rule_triples(rules: list[Obj]) -> Iterator[tuple[str, str, str]]:
+def rule_triples(rules: list[Obj]) -> Iterator[Rule]:
     for r in rules:
         for g in r.get("apiGroups", []):
             for res in r.get("resources", []):
                 for v in r.get("verbs", []):
                     yield g, res, v
+
+
+def named_rules(rules: list[Obj]) -> Iterator[NamedRule]:
+    for r in rules:
+        for g, res, v in rule_triples([r]):
+            for name in r.get("resourceNames") or [None]:
+                yield g, res, v, name
 
 
 def is_kueue(obj: Obj) -> bool:
@@ -284,16 +318,24 @@ def test_cluster_role_is_exactly_what_the_controller_uses(rendered: list[Obj]) -
     role = find(rendered, "ClusterRole")
     triples = list(rule_triples(role["rules"]))
     assert len(triples) == len(set(triples)), "duplicate grants"
-    assert set(triples) == EXPECTED_CLUSTER_RULES
+    want = expected_cluster_rules()
+    assert set(triples) == want, (set(triples) - want, want - set(triples))
     for r in role["rules"]:
-        assert "resourceNames" not in r or r["resourceNames"]
+        assert "resourceNames" not in r
         assert "nonResourceURLs" not in r
 
 
-def test_namespaced_role_is_exactly_lease_configmaps_events(rendered: list[Obj]) -> None:
+def test_namespaced_role_is_exactly_lease_history_and_kueue_config(rendered: list[Obj]) -> None:
     role = find(rendered, "Role")
     assert role["metadata"]["namespace"] == NAMESPACE
-    assert set(rule_triples(role["rules"])) == EXPECTED_NAMESPACE_RULES
+    got = list(named_rules(role["rules"]))
+    assert len(got) == len(set(got)), "duplicate grants"
+    want = expected_namespace_rules()
+    assert set(got) == want, (set(got) - want, want - set(got))
+    # Kueue's manager config and Deployment are read-only to the controller.
+    for g, res, v, name in got:
+        if name in ("kueue-manager-config", "kueue-controller-manager"):
+            assert v == "get", (g, res, v, name)
 
 
 def test_no_wildcards_and_no_secrets_anywhere(rendered: list[Obj]) -> None:
@@ -307,7 +349,7 @@ def test_no_wildcards_and_no_secrets_anywhere(rendered: list[Obj]) -> None:
 def test_rbac_checker_catches_a_wildcard() -> None:
     bad = [{"apiGroups": ["*"], "resources": ["secrets"], "verbs": ["get"]}]
     assert ("*", "secrets", "get") in set(rule_triples(bad))
-    assert set(rule_triples(bad)) != EXPECTED_CLUSTER_RULES
+    assert set(rule_triples(bad)) != expected_cluster_rules()
 
 
 def test_bindings_grant_the_roles_to_the_controller_service_account(rendered: list[Obj]) -> None:

@@ -86,23 +86,29 @@ def test_every_config_key_is_in_the_readme() -> None:
     from controller.config import KEYS, Settings, describe
 
     ref = section("Configuration reference")
-    documented = set(re.findall(r"^\| `([A-Z_]+)` \|", ref, re.M))
-    assert documented == set(KEYS), (set(KEYS) - documented, documented - set(KEYS))
+    rows = {
+        m[0]: (m[1], m[2])
+        for m in re.findall(r"^\| `([A-Z_]+)` \| `(--[a-z-]+)` \| ([^|]*) \|", ref, re.M)
+    }
+    assert set(rows) == set(KEYS), (set(KEYS) - set(rows), set(rows) - set(KEYS))
     top = ROOT / "config.yaml"
     assert top.exists(), "config.yaml is missing at the repository top"
     doc = yaml.safe_load(top.read_text(encoding="utf-8")) or {}
-    missing = [k for k in doc if f"`{k}`" not in ref]
-    assert not missing, missing
-    # Defaults in the table agree with the code for the simple scalar settings.
-    rows = {m[0]: m[1] for m in re.findall(r"^\| `([A-Z_]+)` \| ([^|]*) \|", ref, re.M)}
+    assert set(doc) <= set(rows), set(doc) - set(rows)
+    opts, _ = _cli_options()
+    for key, (flag, _default) in rows.items():
+        assert flag == "--" + key.lower().replace("_", "-") and flag in opts, (key, flag)
+    # Defaults in the table agree with the code for the scalar settings.
     for key, value, _ in describe(Settings()):
+        default = rows[key][1]
         if isinstance(value, bool):
-            assert f"`{str(value).lower()}`" in rows[key], (key, rows[key])
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            number = f"{value:g}"
-            assert f"`{number}`" in rows[key], (key, value, rows[key])
+            assert f"`{str(value).lower()}`" in default, (key, default)
+        elif isinstance(value, int | float):
+            assert f"`{value:g}`" in default, (key, value, default)
         elif isinstance(value, str) and value:
-            assert f"`{value}`" in rows[key], (key, value, rows[key])
+            assert f"`{value}`" in default, (key, value, default)
+        elif isinstance(value, str):
+            assert default.strip() == "empty", (key, default)
 
 
 def _cli_options() -> tuple[set[str], set[str]]:
@@ -189,19 +195,25 @@ def test_worked_example_numbers_are_what_the_policy_computes() -> None:
     from controller.policy import score
 
     s = Settings()
-    share_a = (8 + 2 * 0.5) / 32
-    assert share_a == 0.28125 and "0.28125" in README
-    fair_a = fairness_term(share_a, 2.0, s)
-    fair_b = fairness_term(0.0, 2.0, s)
-    assert (fair_a, fair_b) == (3300, 5000)
-    a = score(PriorityClass.APPROVED, fair_a, 20 * 60, s)
-    b = score(PriorityClass.NORMAL, fair_b, 3600, s)
-    a_normal = score(PriorityClass.NORMAL, fair_a, 20 * 60, s)
-    assert (a, b, a_normal) == (14500, 8700, 4600)
     example = section("How a priority is computed")
-    for n in (a, b):
-        assert f"**{n}**" in example
-    assert f"({a_normal})" in example
+    teams = 3.0  # three teams of weight 1
+    share = {"A": 4 / 16, "B": (4 * 0.25) / 16, "C": 0.0}
+    fair = {t: fairness_term(v, teams, s) for t, v in share.items()}
+    assert fair == {"A": 11600, "B": 17200, "C": 20000}, fair
+    for t in fair:
+        assert f"**{fair[t]}**" in example, t
+    rows = [
+        (PriorityClass.URGENT, "A", 10 * 60),
+        (PriorityClass.APPROVED, "B", 2 * 3600),
+        (PriorityClass.NORMAL, "C", 3 * 3600),
+        (PriorityClass.NORMAL, "A", 3 * 3600),
+    ]
+    got = [score(cls, fair[team], wait, s) for cls, team, wait in rows]
+    assert got == [262200, 49400, 31050, 22650], got
+    for n in got:
+        assert f"**{n}**" in example, n
+    assert "(\N{MINUS SIGN}3s)" in example and "\N{MULTIPLICATION SIGN} 250" in example
+    assert s.priority_class_unit == 250 and s.fairness_points == 20000
 
 
 @pytest.mark.parametrize("cmd", ["make dry-run", "make test"])
