@@ -163,6 +163,19 @@ def score(cls: PriorityClass, fairness: int, wait_seconds: float, settings: Sett
     return class_term(cls, settings) + fairness + aging_term(wait_seconds, settings)
 
 
+def combined_usage(
+    current: Mapping[str, Mapping[str, float]], decayed: Mapping[str, Mapping[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Per team and resource, the larger of current and decayed usage: last night's hog stays
+    charged this morning, and a team that starts hogging now is charged at once (a decayed
+    average alone would lag behind current usage by about a half-life)."""
+    out: dict[str, dict[str, float]] = {}
+    for team in set(current) | set(decayed):
+        cur, old = current.get(team, {}), decayed.get(team, {})
+        out[team] = {r: max(cur.get(r, 0.0), old.get(r, 0.0)) for r in set(cur) | set(old)}
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -224,7 +237,7 @@ def compute_plan(
     usage: Mapping[str, Mapping[str, float]] = current
     if settings.usage_half_life > 0:
         new_history = (history or UsageHistory()).advance(current, now, settings.usage_half_life)
-        usage = new_history.usage
+        usage = combined_usage(current, new_history.usage)
         teams_seen.update(usage)
 
     teams: dict[str, TeamShare] = {

@@ -211,6 +211,16 @@ def test_history_half_life_decays_usage() -> None:
     assert "team-b" not in p3.teams or p3.teams["team-b"].dominant_share == 0
 
 
+def test_history_charges_a_new_hog_at_once() -> None:
+    s = make_settings(usage_half_life=86400.0)
+    quiet = compute_plan(snapshot([wl("p")]), s, NOW)
+    hog = [wl(f"h{i}", "team-b", admitted=True) for i in range(4)]
+    later = NOW + timedelta(seconds=10)
+    p = compute_plan(snapshot([*hog, wl("p")]), s, later, history=quiet.history)
+    assert p.teams["team-b"].dominant_share == pytest.approx(0.5)  # current, not the average
+    assert p.history is not None and p.history.usage["team-b"][GPU] < 0.01
+
+
 def test_history_json_roundtrip() -> None:
     h = UsageHistory().advance({"a": {GPU: 2.5}}, NOW, 60.0)
     assert UsageHistory.from_json(h.to_json()) == h
