@@ -15,8 +15,10 @@ the others.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from controller.live.api import JSON, JSON_PATCH, ApiError, Transport, WriteRefused
@@ -75,6 +77,37 @@ def is_immutable(error: ApiError) -> bool:
     return error.status == 422 and ("immutable" in text or "forbidden" in text)
 
 
+class _CycleState:
+    """What the changes of one `apply` share: the retry budget and the outage detector."""
+
+    def __init__(self, budget: float) -> None:
+        self._lock = threading.Lock()
+        self._budget = budget
+        self._unreachable = 0
+
+    def take(self, wanted: float) -> float:
+        """Seconds of sleeping granted (0 when the cycle's budget is spent)."""
+        with self._lock:
+            granted = max(0.0, min(wanted, self._budget))
+            self._budget -= granted
+            return granted
+
+    def has_budget(self) -> bool:
+        with self._lock:
+            return self._budget > 0
+
+    def record(self, outcome: Outcome) -> None:
+        with self._lock:
+            self._unreachable = self._unreachable + 1 if _unreachable(outcome) else 0
+
+    def apiserver_gone(self) -> bool:
+        with self._lock:
+            return self._unreachable >= 3
+
+
+OutcomeHook = Callable[[Outcome], None]
+
+
 class Applier:
     def __init__(
         self,
@@ -84,6 +117,7 @@ class Applier:
         retry_budget: float = 10.0,
         backoff: Callable[[], Backoff] = lambda: Backoff(initial=0.2, cap=5.0),
         sleep: Callable[[float], None] = time.sleep,
+        workers: int = 1,
     ) -> None:
         self._transport = transport
         self._metrics = metrics
@@ -91,30 +125,43 @@ class Applier:
         self._retry_budget = retry_budget
         self._new_backoff = backoff
         self._sleep = sleep
+        self._workers = max(1, workers)
         # None: not known yet; False: a 422 said container resources of suspended Jobs are
         # immutable here; True: a fraction change went through.
         self.resources_mutable: bool | None = None
 
-    def apply(self, changes: Sequence[Change]) -> ApplyReport:
-        report = ApplyReport()
-        budget = [self._retry_budget]
-        unreachable = 0
-        for change in changes:
-            if unreachable >= 3:
-                # The apiserver is gone: do not hammer it with the rest of the cycle.
-                report.outcomes.append(Outcome(change, DEFERRED))
-                continue
-            try:
-                outcome = self._apply_one(change, budget)
-            except Exception as e:  # a bug in one object's handling must not stop the others
-                log.exception("applying %s to %s crashed", change.what, change.ref)
-                outcome = Outcome(change, FAILED, ApiError(0, type(e).__name__, str(e)))
-            unreachable = unreachable + 1 if _unreachable(outcome) else 0
-            report.outcomes.append(outcome)
-            self._metrics.patches.labels(change.ref.kind, outcome.result).inc()
-        return report
+    def apply(
+        self, changes: Sequence[Change], on_outcome: OutcomeHook | None = None
+    ) -> ApplyReport:
+        """Send every change (in `workers` threads); `on_outcome` runs after each one, in
+        the same thread (e.g. to emit its Event)."""
+        state = _CycleState(self._retry_budget)
 
-    def _apply_one(self, change: Change, budget: list[float]) -> Outcome:
+        def one(change: Change) -> Outcome:
+            if state.apiserver_gone():
+                # The apiserver is gone: do not hammer it with the rest of the cycle.
+                outcome = Outcome(change, DEFERRED)
+            else:
+                try:
+                    outcome = self._apply_one(change, state)
+                except Exception as e:  # a bug in one object must not stop the others
+                    log.exception("applying %s to %s crashed", change.what, change.ref)
+                    outcome = Outcome(change, FAILED, ApiError(0, type(e).__name__, str(e)))
+                state.record(outcome)
+            self._metrics.patches.labels(change.ref.kind, outcome.result).inc()
+            if on_outcome is not None:
+                try:
+                    on_outcome(outcome)
+                except Exception:
+                    log.exception("after applying %s to %s", change.what, change.ref)
+            return outcome
+
+        if self._workers == 1 or len(changes) < 2:
+            return ApplyReport([one(c) for c in changes])
+        with ThreadPoolExecutor(self._workers, thread_name_prefix="apply") as pool:
+            return ApplyReport(list(pool.map(one, changes)))
+
+    def _apply_one(self, change: Change, state: _CycleState) -> Outcome:
         backoff = self._new_backoff()
         current: Change | None = change
         last_error: ApiError | None = None
@@ -147,9 +194,8 @@ class Applier:
                         return Outcome(current, FAILED, e)  # invalid, not a failed test
                     current = fresh
                     continue
-                if e.retriable and budget[0] > 0:
-                    delay = min(backoff.next(), budget[0])
-                    budget[0] -= delay
+                if e.retriable and state.has_budget():
+                    delay = state.take(backoff.next())
                     log.info("retrying %s on %s in %.2fs: %s", current.what, current.ref, delay, e)
                     self._sleep(delay)
                     continue

@@ -50,6 +50,7 @@ from controller.live.apply import (
     UNSUPPORTED,
     Applier,
     ApplyReport,
+    Outcome,
 )
 from controller.live.backoff import Backoff
 from controller.live.cache import Informer, WatchSpec
@@ -85,6 +86,7 @@ JOB_SELECTOR = "kueue.x-k8s.io/queue-name"  # Jobs Kueue manages carry their que
 POD_SELECTOR = "kueue.x-k8s.io/managed=true"  # pods of Kueue's pod integration
 MIN_TRIGGER_GAP = 0.5  # seconds between prompt cycles, so a burst of arrivals is one cycle
 SYNC_TIMEOUT = 120.0
+APPLY_WORKERS = 8  # concurrent writes (a first cycle on a big cluster writes thousands)
 
 
 def default_parsers() -> Parsers:
@@ -175,7 +177,7 @@ class LiveController:
                                     instance=self.identity)
         self.applier = Applier(
             self.writer, self.metrics, max_attempts=settings.api_retries,
-            retry_budget=min(10.0, max(settings.loop_interval / 2, 1.0)),
+            retry_budget=min(10.0, max(settings.loop_interval / 2, 1.0)), workers=APPLY_WORKERS,
         )
         self.history_store = HistoryStore(
             self.writer, settings.controller_namespace, settings.history_config_map,
@@ -324,8 +326,18 @@ class LiveController:
         if report.leader:
             diff = self.diff(plan, built)
             report.changes, report.notices = list(diff.changes), list(diff.notices)
-            report.applied = self.applier.apply(diff.changes)
-            self._emit_events(plan, diff, report.applied, built)
+            # HAMi (Job template) writes first: a template change can make Kueue rebuild a
+            # Workload's spec; the priority written after it then sticks.
+            hami = [c for c in diff.changes if c.what != PRIORITY]
+            prio = [c for c in diff.changes if c.what == PRIORITY]
+
+            def after(outcome: Outcome) -> None:
+                self._outcome_events(outcome, built)
+
+            report.applied = ApplyReport(
+                self.applier.apply(hami, after).outcomes + self.applier.apply(prio, after).outcomes
+            )
+            self._emit_events(plan, diff)
             if self.history is not None and not self.dry_run:
                 self.history_store.save(self.history)
         report.seconds = time.monotonic() - started
@@ -370,8 +382,6 @@ class LiveController:
                 part = diff_pods_hami(d, owned, PODS)
             hami.extend(part.changes)
             notices.extend(part.notices)
-        # HAMi first: a template change can make Kueue rebuild a Workload's spec; the priority
-        # written after it (and re-asserted next cycle in spec mode) then sticks.
         return Diff(tuple(hami + priority), tuple(notices))
 
     # -- observability --------------------------------------------------------------------
@@ -413,32 +423,34 @@ class LiveController:
 
     # -- Events ---------------------------------------------------------------------------
 
-    def _emit_events(self, plan: Plan, diff: Diff, applied: ApplyReport, built: Built) -> None:
+    def _outcome_events(self, outcome: Outcome, built: Built) -> None:
+        """Events for one write, right after it (in the applier's worker thread)."""
         from controller.render import reason as why
 
-        for outcome in applied.outcomes:
-            c, d = outcome.change, outcome.change.decision
-            wl = built.workloads.get(d.key)
-            targets = _workload_and_owner(wl)
-            if outcome.result == APPLIED and c.what == PRIORITY:
-                text = f"{c.summary}: {why(d)} (rank {d.rank} in ClusterQueue {d.cluster_queue})"
-                for ref in targets:
-                    self.events.emit(ref, "PriorityChanged", text, dedupe="priority")
-            elif outcome.result == APPLIED:
-                text = f"HAMi settings applied to {c.ref}: {c.summary}"
-                for ref in {c.ref, *targets}:
-                    self.events.emit(ref, "HamiSettingsApplied", text, dedupe=c.what)
-            elif outcome.result == UNSUPPORTED and c.what == GPU_FRACTION and d.hami is not None:
-                note = fraction_refused_notice(c.ref, d.hami)
-                for ref in {c.ref, *targets}:
-                    self.events.emit(ref, note.reason, note.message, "Warning")
-            elif outcome.result in (FAILED, CONFLICT) or (
-                outcome.result == DEFERRED and outcome.error is not None
-                and outcome.error.status != 0
-            ):
-                self.events.emit(c.ref, "PatchFailed",
-                                 f"could not apply {c.summary}: {outcome.error}", "Warning",
-                                 dedupe=c.what)
+        c, d = outcome.change, outcome.change.decision
+        targets = _workload_and_owner(built.workloads.get(d.key))
+        if outcome.result == APPLIED and c.what == PRIORITY:
+            text = f"{c.summary}: {why(d)} (rank {d.rank} in ClusterQueue {d.cluster_queue})"
+            for ref in targets:
+                self.events.emit(ref, "PriorityChanged", text, dedupe="priority")
+        elif outcome.result == APPLIED:
+            text = f"HAMi settings applied to {c.ref}: {c.summary}"
+            for ref in {c.ref, *targets}:
+                self.events.emit(ref, "HamiSettingsApplied", text, dedupe=c.what)
+        elif outcome.result == UNSUPPORTED and c.what == GPU_FRACTION and d.hami is not None:
+            note = fraction_refused_notice(c.ref, d.hami)
+            for ref in {c.ref, *targets}:
+                self.events.emit(ref, note.reason, note.message, "Warning")
+        elif outcome.result in (FAILED, CONFLICT) or (
+            outcome.result == DEFERRED and outcome.error is not None
+            and outcome.error.status != 0
+        ):
+            self.events.emit(c.ref, "PatchFailed",
+                             f"could not apply {c.summary}: {outcome.error}", "Warning",
+                             dedupe=c.what)
+
+    def _emit_events(self, plan: Plan, diff: Diff) -> None:
+        """Events that do not come from a write: notices and invalid input."""
         for notice in diff.notices:
             self.events.emit(notice.ref, notice.reason, notice.message, notice.type)
         for problem in _problems(plan):

@@ -191,3 +191,19 @@ def test_422_on_json_patch_that_is_not_a_failed_test_is_a_failure_not_a_loop() -
     report = Applier(api, Metrics()).apply([change])
     assert report.counts() == {FAILED: 1}
     assert len(api.writes()) == 1  # re-read showed the test would hold: no blind retries
+
+
+def test_concurrent_workers_apply_everything_and_report_each_outcome() -> None:
+    api = FakeApi()
+    changes = []
+    for i in range(20):
+        wl = seed(api, f"w{i}")
+        c = diff_priority(decision(f"w{i}"), wl, WORKLOADS, PriorityMode.BOOST)
+        assert c is not None
+        changes.append(c)
+    api.fail("PATCH", "/workloads/w7", 400, times=10)
+    seen: list[str] = []
+    report = Applier(api, Metrics(), workers=4).apply(changes, lambda o: seen.append(o.result))
+    assert [o.change.ref.name for o in report.outcomes] == [f"w{i}" for i in range(20)]
+    assert report.counts() == {APPLIED: 19, FAILED: 1}
+    assert sorted(seen) == sorted(o.result for o in report.outcomes)
