@@ -162,7 +162,8 @@ def _unavailable(name: str, module: str, exc: Exception) -> click.Command:
     return cmd
 
 
-_FILE_HELP = "Snapshot file or directory (YAML/JSON, e.g. kubectl get -o yaml); repeatable."
+_FILE_HELP = ("Snapshot file, directory or - for stdin (YAML/JSON, e.g. kubectl get -o yaml); "
+              "repeatable.")
 
 
 @click.group(cls=_Group, invoke_without_command=True,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -538,7 +539,9 @@ def build_snapshot(docs: Iterable[object]) -> ClusterSnapshot:
 def _files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
-        if p.is_dir():
+        if str(p) == "-":  # standard input: kubectl get ... -o yaml | python -m controller
+            out.append(p)
+        elif p.is_dir():
             found = sorted(f for f in p.rglob("*") if f.suffix in SNAPSHOT_SUFFIXES and f.is_file())
             if not found:
                 raise SnapshotFileError(f"{p}: directory has no .yaml/.yml/.json files")
@@ -556,7 +559,7 @@ def load_documents(paths: Iterable[str | os.PathLike[str]]) -> list[object]:
     docs: list[object] = []
     for f in _files(paths):
         try:
-            text = f.read_text(encoding="utf-8")
+            text = sys.stdin.read() if str(f) == "-" else f.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise SnapshotFileError(f"{f}: cannot read: {exc}") from None
         if f.suffix == ".json":

@@ -167,3 +167,10 @@ def test_config_flag_beats_env(runner: CliRunner) -> None:
 
     assert aging(json.loads(env.output)) == 2 * aging(base)
     assert aging(json.loads(flag.output)) <= aging(base) // 2 + len(base["decisions"])
+
+
+def test_snapshot_from_stdin(runner: CliRunner) -> None:
+    text = Path(EXAMPLE).read_text()
+    r = runner.invoke(main, ["--from-file", "-", "-o", "json"], input=text)
+    assert r.exit_code == 0, r.output
+    assert len(json.loads(r.output)["decisions"]) == 10
