@@ -223,3 +223,29 @@ def test_class_terms_are_ordered_with_gaps_above_fairness() -> None:
     s = Settings()
     u, a, n = (class_term(c, s) for c in PriorityClass)
     assert u - a > s.fairness_points and a - n > s.fairness_points
+
+
+@FAST
+@given(usage_st, st.lists(st.floats(1, 4 * 3600), min_size=1, max_size=5),
+       st.floats(60, 86400))
+def test_with_history_priority_never_decreases_for_an_unchanged_cluster(
+    usage: dict[str, tuple[int, int, int]], gaps: list[float], half_life: float
+) -> None:
+    """Same cluster, clock moving on, decayed history carried along: no pending workload's
+    priority goes down (history only decays towards current usage)."""
+    s = make_settings(usage_half_life=half_life)
+    pend = [wl("p", t, wait=60) for t in TEAMS]
+    # An earlier, busier cluster seeds the history.
+    busy = admitted({t: (4, 4, 16) for t in TEAMS})
+    start = compute_plan(snapshot(busy + pend, gpus=16, teams=TEAMS), s, NOW)
+    snap = snapshot(admitted(usage) + pend, gpus=16, teams=TEAMS)
+    history, now = start.history, NOW
+    last: dict[str, int] | None = None
+    for gap in gaps:
+        now = now + timedelta(seconds=gap)
+        plan = compute_plan(snap, s, now, history=history)
+        history = plan.history
+        cur = {d.key: d.target_priority for d in plan.decisions}
+        if last is not None:
+            assert all(cur[k] >= last[k] for k in cur)
+        last = cur
