@@ -35,16 +35,18 @@ class WaitTimeout(AssertionError):
 
 # ----- generic REST ---------------------------------------------------------------------------
 def request(api: k8s.ApiClient, method: str, path: str, body: Any = None,
-            content_type: str = "application/merge-patch+json",
+            content_type: str | None = None,
             query: Mapping[str, str] | None = None) -> Obj:
     """Raw REST call with JSON in/out (``ApiException`` on HTTP errors).
 
-    ``content_type`` matters for PATCH: ``application/merge-patch+json`` (default),
-    ``application/json-patch+json`` (body is a list) or ``application/apply-patch+yaml``.
+    ``content_type`` defaults to ``application/json``, for PATCH to
+    ``application/merge-patch+json``; others: ``application/json-patch+json`` (body is a
+    list), ``application/apply-patch+yaml`` (server-side apply; add fieldManager to ``query``).
     """
     headers = {"Accept": "application/json"}
     if body is not None:
-        headers["Content-Type"] = content_type
+        headers["Content-Type"] = content_type or (
+            "application/merge-patch+json" if method == "PATCH" else "application/json")
     method_, url, hdrs, body_, post = api.param_serialize(
         method, path, query_params=list((query or {}).items()), header_params=headers,
         body=body, auth_settings=["BearerToken"])
@@ -396,7 +398,9 @@ def impersonating_client(admin: k8s.ApiClient, user: str,
 
 
 def _admin_token(admin: k8s.ApiClient) -> str:
-    raw = admin.configuration.api_key.get("authorization", "")
+    raw = admin.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
+    if not raw:
+        raise ValueError("the admin ApiClient has no bearer token")
     return str(raw).removeprefix("Bearer ").strip()
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -109,6 +110,24 @@ class KueueSettings:
     frameworks: tuple[str, ...] = ("batch/job", "pod")
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def load_yaml_docs(path: Path) -> list[Any]:
+    """All YAML documents of ``path``; cached as JSON in ``.cache/plane`` (the Workload CRD is
+    1.4 MB and takes seconds to parse with pure-Python PyYAML)."""
+    key = hashlib.sha256(f"{path}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    cache = REPO / ".cache" / "plane" / f"{path.stem}-{key}.json"
+    with contextlib.suppress(OSError, ValueError):
+        docs: list[Any] = json.loads(cache.read_text())
+        return docs
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    docs = [d for d in yaml.load_all(path.read_text(), Loader=loader) if d]
+    with contextlib.suppress(OSError):
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(docs))
+        tmp.replace(cache)
+    return docs
 
 
 def _tls_context(ca: Path) -> ssl.SSLContext:
@@ -453,16 +472,15 @@ class Plane:
         mod = self.kueue_module_dir() / "config" / "components"
         names = []
         for f in sorted((mod / "crd" / "bases").glob("*.yaml")):
-            crd = yaml.safe_load(f.read_text())
+            crd = load_yaml_docs(f)[0]
             if crd["metadata"]["name"] in CONVERTED_CRDS:
                 crd["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
                     "conversionReviewVersions": ["v1"],
                     "clientConfig": {"url": self._webhook_url("/convert"), "caBundle": ca}}}
             self._apply(crd)
             names.append(crd["metadata"]["name"])
-        for doc in yaml.safe_load_all((mod / "webhook" / "manifests.yaml").read_text()):
-            if doc:
-                self._apply(self._rewrite_webhooks(doc, ca))
+        for doc in load_yaml_docs(mod / "webhook" / "manifests.yaml"):
+            self._apply(self._rewrite_webhooks(doc, ca))
         wait_until("Kueue CRDs established", lambda: all(
             self._crd_established(n) for n in names), 60, [self.procs["kube-apiserver"]])
         self.timings["bootstrap"] = time.monotonic() - t0
