@@ -130,8 +130,22 @@ def test_every_flag_and_subcommand_the_readme_names_exists() -> None:
                 assert tok.split("=")[0] in opts, tok
     for sub in re.findall(r"python -m controller (\w+)", README):
         assert sub in subcommands, sub
-    for flag in re.findall(r"`(--[a-z-]+)`", README):
+    development = section("Development")
+    for flag in re.findall(r"`(--[a-z-]+)`", README.replace(development, "")):
         assert flag in opts, flag
+    # Flags in the Development section also belong to `make cluster` (tests.support.cluster).
+    import argparse
+    from unittest import mock
+
+    from tests.support import cluster
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", lambda self, a=None: self):
+        parser = cluster._parse([])
+    cluster_opts = {o for act in parser._actions for o in act.option_strings}
+    for flag in re.findall(r"(--[a-z][a-z-]+)", development):
+        assert flag in cluster_opts | opts, flag
+    assert "--no-priority-boost" in cluster_opts and "--gpu-nodes" in cluster_opts
+    assert 'CLUSTER_ARGS' in (ROOT / "Makefile").read_text(encoding="utf-8")
 
 
 def test_every_metric_in_the_readme_exists_and_every_metric_is_documented() -> None:
