@@ -547,15 +547,36 @@ def _sa_kubeconfig(plane: Plane, token: str, path: Path) -> Path:
     return path
 
 
-def _run_controller(kubeconfig: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """`python -m controller` exactly as the Deployment runs it, but --once; the settings the
-    Deployment would take from config.yaml/env come from env here."""
+def _deployment_command(installed: list[Obj]) -> tuple[list[str], dict[str, str]]:
+    """The rendered Deployment's container args and env, made runnable here: the mounted
+    config file becomes manifests/config.yaml (the generated ConfigMap's content), downward-API
+    fields get the values the kubelet would give them."""
+    dep = next(o for o in installed if o["kind"] == "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    config_dir = mounts["config"]
+    args = [a.replace(config_dir, str(ROOT / "manifests")) for a in c.get("args", [])]
+    fields = {"metadata.namespace": NS, "metadata.name": "wdrf-controller-test-pod"}
+    env: dict[str, str] = {}
+    for e in c.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:
+            env[e["name"]] = fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+    return args, env
+
+
+def _run_controller(installed: list[Obj], kubeconfig: Path, *extra: str,
+                    **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m controller` with the Deployment's args and env (the image's ENTRYPOINT is
+    `python -m controller`), plus `extra` flags (--once, --health-check) and test settings."""
+    args, dep_env = _deployment_command(installed)
     full = {k: v for k, v in os.environ.items() if k not in _CONFIG_KEYS}
-    full.update({"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1", "METRICS_PORT": "0",
-                 "CONTROLLER_NAMESPACE": NS, "KUEUE_NAMESPACE": NS, **env})
-    return subprocess.run(
-        [sys.executable, "-m", "controller", f"--config={ROOT / 'manifests' / 'config.yaml'}",
-         *args], cwd=ROOT, env=full, capture_output=True, text=True, timeout=180, check=False)
+    full.update(dep_env)
+    full.update({"KUBECONFIG": str(kubeconfig), "METRICS_PORT": "0", **env})
+    return subprocess.run([sys.executable, "-m", "controller", *args, *extra], cwd=ROOT,
+                          env=full, capture_output=True, text=True, timeout=180, check=False)
 
 
 def _lease_free(admin: k8s.ApiClient) -> bool:
@@ -587,7 +608,7 @@ def workload_for_cycles(admin: k8s.ApiClient, suffix: str,
 
 
 def test_controller_with_its_service_account_runs_full_cycles_in_every_mode(
-        plane: Plane, admin: k8s.ApiClient, tmp_path: Path,
+        plane: Plane, admin: k8s.ApiClient, tmp_path: Path, installed: list[Obj],
         workload_for_cycles: tuple[str, str, str]) -> None:
     ns, name, _cq = workload_for_cycles
     token = kube.service_account_token(admin, NS, SA)
@@ -597,12 +618,14 @@ def test_controller_with_its_service_account_runs_full_cycles_in_every_mode(
     common = {"CAPACITY_SOURCE": "auto", "LEADER_ELECTION": "true", "USAGE_HALF_LIFE": "1h",
               "LOG_LEVEL": "INFO"}
 
-    health = _run_controller(kubeconfig, "--health-check", **common)
+    args, _ = _deployment_command(installed)
+    assert args == [f"--config={ROOT / 'manifests'}/config.yaml"], args
+    health = _run_controller(installed, kubeconfig, "--health-check", **common)
     assert health.returncode == 0, health.stdout + health.stderr
 
     def cycle(mode: str) -> Obj:
         kube.wait_for(lambda: _lease_free(admin), 30, "the Lease to be free")
-        r = _run_controller(kubeconfig, "--once", PRIORITY_MODE=mode, **common)
+        r = _run_controller(installed, kubeconfig, "--once", PRIORITY_MODE=mode, **common)
         out = r.stdout + r.stderr
         assert r.returncode == 0, out[-4000:]
         assert " 403" not in out and "Forbidden" not in out and "forbidden" not in out, out[-4000:]
