@@ -154,6 +154,30 @@ def installed(admin: k8s.ApiClient, suffix: str) -> list[Obj]:
     return objs
 
 
+@pytest.fixture(scope="module", autouse=True)
+def leave_no_queues_behind(plane: Plane, suffix: str) -> Iterator[None]:
+    """After this module: deactivate the Workloads in its namespaces and delete its
+    ClusterQueues, so later plans on the shared plane (shares, capacity) do not see them."""
+    yield
+    admin = plane.api_client()
+    for ns in kube.request(admin, "GET", "/api/v1/namespaces")["items"]:
+        name = ns["metadata"]["name"]
+        if not name.endswith(f"-{suffix}"):
+            continue
+        with contextlib.suppress(ApiException):
+            for wl in kube.list_workloads(admin, name):
+                if wl["spec"].get("active", True):
+                    with contextlib.suppress(ApiException):
+                        kube.patch_workload(admin, name, wl["metadata"]["name"],
+                                            {"spec": {"active": False}})
+    for cq in kube.request(admin, "GET", kube.kueue_path("clusterqueues"))["items"]:
+        name = cq["metadata"]["name"]
+        if name.endswith(f"-{suffix}"):  # examples' and cq-<namespace> queues
+            with contextlib.suppress(ApiException):
+                kube.request(admin, "DELETE", kube.kueue_path("clusterqueues", name))
+    admin.close()
+
+
 @pytest.fixture(scope="module")
 def policy_ready(admin: k8s.ApiClient, installed: list[Obj], suffix: str) -> str:
     """A namespace under the policy, with RBAC for the test people; waits until the policy
