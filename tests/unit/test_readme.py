@@ -235,3 +235,18 @@ def test_make_targets_exist(cmd: str) -> None:
     target = cmd.split()[1]
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert re.search(rf"^{re.escape(target)}:", makefile, re.M), target
+
+
+def test_the_opt_out_kustomization_in_the_readme_drops_only_the_binding(tmp_path: Path) -> None:
+    (snippet,) = [b for b in code_blocks(README, "yaml") if "$patch: delete" in b]
+    (tmp_path / "wdrf").symlink_to(ROOT / "manifests")
+    (tmp_path / "kustomization.yaml").write_text(
+        snippet.replace("path/to/wdrf/manifests", "wdrf"), encoding="utf-8")
+    kubectl = shutil.which("kubectl")
+    assert kubectl
+    out = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(out.stdout) if d]
+    assert "ValidatingAdmissionPolicyBinding" not in kinds
+    assert "Deployment" in kinds and "ValidatingAdmissionPolicy" in kinds
