@@ -1,8 +1,9 @@
 """Regenerate tests/fixtures/real-snapshot.yaml (v1beta2) and real-snapshot-v1beta1.yaml.
 
-Starts a plane (PriorityBoost on), creates a small multi-team scene with admitted and pending
-Workloads, then saves ``kubectl get workloads,clusterqueues,localqueues,resourceflavors -A -o
-yaml`` as Kueue really serves them.
+Starts a plane (PriorityBoost on, Kueue's HAMi resource transformations), creates a small
+multi-team scene with admitted and pending Workloads, then saves the output of
+``kubectl get workloads,clusterqueues,localqueues,resourceflavors -A -o yaml``
+as Kueue really serves them.
 
     .venv/bin/python -m tests.support.capture_snapshot [--out-dir tests/fixtures]
 
@@ -22,7 +23,7 @@ from pathlib import Path
 from kubernetes import client as k8s
 
 from tests.support import kube
-from tests.support.plane import REPO, Plane
+from tests.support.plane import HAMI_KUEUE_RESOURCES, REPO, KueueSettings, Plane
 from tests.support.procs import PlaneError
 
 KINDS = ("workloads", "clusterqueues", "localqueues", "resourceflavors")
@@ -64,18 +65,18 @@ def build_scene(api: k8s.ApiClient) -> None:
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
         "metadata": {"name": "high"}, "value": 1000, "description": "urgent production"},
         "application/json")
-    for cq, gpus, cpu in (("research", 2, "8"), ("platform", 1, "8")):
+    for cq, gpus in (("research", 2), ("platform", 1)):
+        quota = {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": str(gpus),
+                 "nvidia.com/total-gpucores": str(gpus * 100),
+                 "nvidia.com/total-gpumem": str(gpus * 81559)}
         kube.create_cluster_queue(
-            api, cq, {"cpu": cpu, "memory": "64Gi", "nvidia.com/gpu": gpus}, "h100",
-            cohort="org", preemption={"withinClusterQueue": "Never",
-                                      "reclaimWithinCohort": "Never"},
+            api, cq, quota, "h100", cohort="org",
+            preemption={"withinClusterQueue": "Never", "reclaimWithinCohort": "Never"},
             extra_spec={"resourceGroups": [{
-                "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                "coveredResources": list(quota),
                 "flavors": [{"name": "h100", "resources": [
-                    {"name": "cpu", "nominalQuota": cpu},
-                    {"name": "memory", "nominalQuota": "64Gi"},
-                    {"name": "nvidia.com/gpu", "nominalQuota": str(gpus), "borrowingLimit": "0"},
-                ]}]}]})
+                    {"name": r, "nominalQuota": q, "borrowingLimit": "0"}
+                    for r, q in quota.items()]}]}]})
     for ns, cq in (("team-a", "research"), ("team-b", "platform"), ("team-c", "platform")):
         kube.create_namespace(api, ns)
         kube.create_local_queue(api, ns, "default", cq)
@@ -120,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-dir", type=Path, default=REPO / "tests" / "fixtures")
     args = ap.parse_args(argv)
     try:
-        with Plane.temporary() as plane:
+        settings = KueueSettings(extra={"resources": HAMI_KUEUE_RESOURCES})
+        with Plane.temporary(settings) as plane:
             for p in capture(plane, args.out_dir):
                 print(f"wrote {p}")
     except PlaneError as e:

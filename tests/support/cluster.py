@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     """Start the plane, print how to use it, wait for Ctrl-C, stop everything."""
     args = _parse(argv)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     e2e = args.e2e or args.gpu_nodes > 0
     settings = KueueSettings(priority_boost=not args.no_priority_boost)
     t0 = time.monotonic()

@@ -98,6 +98,15 @@ def go_module_dir(tools_module: str, module: str) -> Path:
     return d
 
 
+# Kueue manager ``resources`` section of Kueue's "Using HAMi" guide: per-GPU HAMi resources are
+# multiplied by nvidia.com/gpu into total-* resources a ClusterQueue can give quota for.
+# Without it Kueue (v0.19.2 default BlockUndeclared) leaves Workloads requesting
+# nvidia.com/gpucores or gpumem pending ("resource ... unavailable in ClusterQueue").
+HAMI_KUEUE_RESOURCES: dict[str, Any] = {"transformations": [
+    {"input": f"nvidia.com/{r}", "strategy": "Replace", "multiplyBy": "nvidia.com/gpu",
+     "outputs": {f"nvidia.com/total-{r}": "1"}} for r in ("gpucores", "gpumem")]}
+
+
 @dataclass(frozen=True)
 class KueueSettings:
     """How Kueue's manager is configured.
