@@ -130,6 +130,24 @@ def test_webhook_rejects_podset_change_of_admitted_workload(api: k8s.ApiClient,
     kube.set_priority(api, ns, name, 5)
 
 
+def test_apiserver_restart_keeps_state_and_kueue_recovers(plane: Plane, api: k8s.ApiClient,
+                                                          namespace: str) -> None:
+    ns = namespace
+    kube.create_queues(api, ns, {"cpu": 1})
+    kube.create_job(api, ns, "before", "lq")
+    before = kube.workload_for_job(api, ns, "before")["metadata"]["name"]
+    kube.wait_for_workload_condition(api, ns, before, "Admitted")
+    plane.stop_apiserver()
+    time.sleep(2)
+    plane.start_apiserver()
+    plane.check_alive()  # Kueue must survive the outage
+    assert kube.has_condition(kube.get_workload(api, ns, before), "Admitted")
+    kube.patch_workload(api, ns, before, {"spec": {"active": False}})
+    kube.create_job(api, ns, "after", "lq")
+    after = kube.workload_for_job(api, ns, "after")["metadata"]["name"]
+    kube.wait_for_workload_condition(api, ns, after, "Admitted", timeout=60)
+
+
 @pytest.mark.e2e
 def test_e2e_job_pods_run_on_kwok_gpu_node_and_free_quota(e2e_plane: Plane,
                                                           api: k8s.ApiClient,

@@ -59,7 +59,8 @@ KWOK_STAGES = ("kustomize/stage/node/fast", "kustomize/stage/node/heartbeat-with
                "kustomize/stage/pod/general")
 KCM_CONTROLLERS = ("job-controller,replicaset-controller,deployment-controller,"
                    "namespace-controller,garbage-collector-controller,"
-                   "serviceaccount-controller,ttl-after-finished-controller,"
+                   "serviceaccount-controller,ttl-after-finished-controller,statefulset-controller,"
+                   "clusterrole-aggregation-controller,node-lifecycle-controller,"
                    "pod-garbage-collector-controller")
 
 
@@ -312,9 +313,10 @@ class Plane:
                    [p, self.procs["etcd"]], interval=0.2)
         self.timings["apiserver"] = time.monotonic() - t0
 
-    def stop_apiserver(self) -> None:
-        """Stop kube-apiserver (etcd and Kueue keep running)."""
-        self.procs["kube-apiserver"].stop()
+    def stop_apiserver(self, grace: float = 3.0) -> None:
+        """Stop kube-apiserver (SIGTERM, SIGKILL after ``grace`` s); etcd and Kueue keep running.
+        Start it again (same port, same data) with :meth:`start_apiserver`."""
+        self.procs["kube-apiserver"].stop(grace=grace)
 
     # ----- Kueue ----------------------------------------------------------------------------
     def kueue_config(self, settings: KueueSettings | None = None) -> dict[str, Any]:
