@@ -37,8 +37,12 @@ declare -A SPEC=(
 )
 ORDER=(etcd kube-apiserver kueue kube-controller-manager kube-scheduler kwok)
 
-modversion() { # <module-dir> <module path>
-  (cd "$TOOLS/$1" && go list -m -f '{{.Version}}' "$2")
+modversion() { # <module-dir> <module path>: the required version, read from go.mod
+  local v
+  v="$(awk -v m="$2" '($1 == m) {print $2; exit} ($1 == "require" && $2 == m) {print $3; exit}' \
+    "$TOOLS/$1/go.mod")"
+  [[ -n "$v" ]] || die "tools/$1/go.mod does not require $2"
+  echo "$v"
 }
 
 ldflags_for() { # <binary>
