@@ -88,7 +88,11 @@ def job_workload(api: k8s.ApiClient, ns: str, job: str) -> str:
 
 
 def wait_pending(api: k8s.ApiClient, ns: str, name: str) -> None:
-    kube.wait_for_workload_condition(api, ns, name, "QuotaReserved", "False", reason="Pending")
+    """The Workload exists and holds no quota. (Kueue sets QuotaReserved=False/Pending only
+    on the workloads its scheduler actually tried: behind an inadmissible head in another
+    LocalQueue a workload may carry no QuotaReserved condition at all.)"""
+    wl = kube.get_workload(api, ns, name)
+    assert kube.is_pending(wl), kube.describe_workload(wl)
 
 
 def deactivate(api: k8s.ApiClient, ns: str, name: str) -> None:

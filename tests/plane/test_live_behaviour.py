@@ -45,8 +45,10 @@ def _queue_with_pending(
     return cq, names
 
 
-def _rvs(api: k8s.ApiClient, ns: str) -> dict[str, str]:
-    return {w["metadata"]["name"]: w["metadata"]["resourceVersion"]
+def _owned(api: k8s.ApiClient, ns: str) -> dict[str, Any]:
+    """What the controller may write on each Workload (Kueue keeps writing status, so the
+    resourceVersion is no evidence): annotations and spec.priority."""
+    return {w["metadata"]["name"]: (w["metadata"].get("annotations"), w["spec"].get("priority"))
             for w in kube.list_workloads(api, ns)}
 
 
@@ -75,8 +77,9 @@ def test_aging_lets_an_old_workload_of_a_heavy_team_overtake(
         new = h.job_workload(api, light, "new")
         h.wait_pending(api, light, new)
 
+        # 6 s of waiting (x 2000 points/s = 12000) outweighs the whole fairness range (5000).
         settings = h.live_settings(AGING_COEFFICIENT="2000", AGING_STEP="1s",
-                                   MAX_AGING_TIME="60s")
+                                   MAX_AGING_TIME="60s", FAIRNESS_POINTS="5000")
         c = h.new_controller(kubeconfig, settings)
         with h.started(c):
             report = h.converge(c)
@@ -86,7 +89,7 @@ def test_aging_lets_an_old_workload_of_a_heavy_team_overtake(
             # The heavy team is behind on fairness, but has waited long enough to lead.
             assert d_old.breakdown.fairness_term < d_new.breakdown.fairness_term
             assert d_old.breakdown.aging_term > d_new.breakdown.aging_term
-            assert d_old.rank == 0 and d_new.rank == 1
+            assert d_old.rank == 0 and d_new.rank == 1, (d_old.breakdown, d_new.breakdown)
             time.sleep(1.0)
             h.release(api, heavy, running[0])
             got = h.next_admitted(api, {f"{heavy}/{old}": heavy, f"{light}/{new}": light})
@@ -104,7 +107,7 @@ def test_dry_run_against_the_live_plane_writes_nothing(
     cq, names = _queue_with_pending(api, namespace, [
         ("plain", {}), ("hot", {URGENT_ANNOTATION: "true"}), ("bad", {URGENT_ANNOTATION: "YES"})])
     try:
-        before = _rvs(api, namespace)
+        before = _owned(api, namespace)
         settings = h.live_settings(LEADER_ELECTION="true", USAGE_HALF_LIFE="1h")
         transport = KubeTransport.from_config(str(kubeconfig))
         below = h.MethodCounter(transport)  # counts at urllib3, below every controller wrapper
@@ -114,7 +117,7 @@ def test_dry_run_against_the_live_plane_writes_nothing(
             time.sleep(0.5)
         assert below.methods, "the counter saw no requests at all"
         assert below.writes() == [], below.writes()
-        assert _rvs(api, namespace) == before
+        assert _owned(api, namespace) == before
         assert h.events_for(api, namespace, names["bad"]) == []
         assert h.lease_holder(api, settings.controller_namespace, settings.lease_name) == ""
         # ... although a live run would have written: the dry run reports it.
@@ -132,7 +135,7 @@ def test_dry_run_against_the_live_plane_writes_nothing(
         assert out.returncode == 0, out.stderr[-3000:]
         assert "Writes a live run would make" in out.stdout
         assert names["hot"] in out.stdout
-        assert _rvs(api, namespace) == before
+        assert _owned(api, namespace) == before
     finally:
         h.cleanup(api, [namespace], [cq])
 
@@ -233,6 +236,28 @@ def _reset_then_restored(history: list[tuple[int, Any]], target: int) -> bool:
     return target in after
 
 
+def test_health_check_on_the_live_plane(kubeconfig: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "controller", "--health-check"], cwd=h.REPO,
+        env=h.controller_env(kubeconfig), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    assert "[OK  ] Kueue API served: using kueue.x-k8s.io/v1beta2" in out.stdout
+    assert "RBAC patch workloads.kueue.x-k8s.io (cluster-wide)" in out.stdout
+    assert "priority mode" in out.stdout and "HEALTHY" in out.stdout
+
+
+def test_patch_results_are_counted(api: k8s.ApiClient, kubeconfig: Path,
+                                   namespace: str) -> None:
+    cq, _ = _queue_with_pending(api, namespace, [("x", {})])
+    try:
+        c = h.new_controller(kubeconfig, h.live_settings())
+        with h.started(c):
+            h.converge(c)
+        assert c.metrics.patches.labels("Workload", APPLIED)._value.get() >= 1
+    finally:
+        h.cleanup(api, [namespace], [cq])
+
+
 # -- apiserver outage -----------------------------------------------------------------------------
 
 
@@ -272,30 +297,10 @@ def test_apiserver_outage_controller_recovers_to_the_same_state(
                 if ch.ref.namespace == namespace] == []
     finally:
         h.cleanup(api, [namespace], [cq])
+        # Leave a healthy plane for later tests: Kueue's own watches went through the outage.
+        plane.restart_kueue()
 
 
 def _urgent_boosted(api: k8s.ApiClient, ns: str, name: str) -> bool:
     ann = kube.get_workload(api, ns, name)["metadata"].get("annotations") or {}
     return int(ann.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0")) >= 100_000
-
-
-def test_health_check_on_the_live_plane(kubeconfig: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "controller", "--health-check"], cwd=h.REPO,
-        env=h.controller_env(kubeconfig), capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
-    assert "[OK  ] Kueue API served: using kueue.x-k8s.io/v1beta2" in out.stdout
-    assert "RBAC patch workloads.kueue.x-k8s.io (cluster-wide)" in out.stdout
-    assert "priority mode" in out.stdout and "HEALTHY" in out.stdout
-
-
-def test_patch_results_are_counted(api: k8s.ApiClient, kubeconfig: Path,
-                                   namespace: str) -> None:
-    cq, _ = _queue_with_pending(api, namespace, [("x", {})])
-    try:
-        c = h.new_controller(kubeconfig, h.live_settings())
-        with h.started(c):
-            h.converge(c)
-        assert c.metrics.patches.labels("Workload", APPLIED)._value.get() >= 1
-    finally:
-        h.cleanup(api, [namespace], [cq])
