@@ -142,7 +142,9 @@ def test_every_flag_and_subcommand_the_readme_names_exists() -> None:
     with mock.patch.object(argparse.ArgumentParser, "parse_args", lambda self, a=None: self):
         parser = cluster._parse([])
     cluster_opts = {o for act in parser._actions for o in act.option_strings}
-    for flag in re.findall(r"(--[a-z][a-z-]+)", development):
+    # (bench scripts' flags are checked in test_bench_commands_in_the_readme_exist)
+    without_bench = re.sub(r"bench/\w+\.py(?: --[a-z-]+)*", "", development)
+    for flag in re.findall(r"(--[a-z][a-z-]+)", without_bench):
         assert flag in cluster_opts | opts, flag
     assert "--no-priority-boost" in cluster_opts and "--gpu-nodes" in cluster_opts
     assert 'CLUSTER_ARGS' in (ROOT / "Makefile").read_text(encoding="utf-8")
@@ -250,3 +252,12 @@ def test_the_opt_out_kustomization_in_the_readme_drops_only_the_binding(tmp_path
     kinds = [d["kind"] for d in yaml.safe_load_all(out.stdout) if d]
     assert "ValidatingAdmissionPolicyBinding" not in kinds
     assert "Deployment" in kinds and "ValidatingAdmissionPolicy" in kinds
+
+
+def test_bench_commands_in_the_readme_exist() -> None:
+    for script, flags in re.findall(r"\.venv/bin/python (bench/\w+\.py)((?: --[a-z-]+)*)", README):
+        path = ROOT / script
+        assert path.exists(), script
+        text = path.read_text(encoding="utf-8")
+        for flag in flags.split():
+            assert f'"{flag}"' in text, (script, flag)
