@@ -33,8 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--days", type=int, default=3, help="quick window length in days (3)")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "out",
                    help="report directory (default bench/out/)")
-    p.add_argument("--load", type=float, default=1.0,
-                   help="target offered load over the measured span, sizes the cluster (1.0)")
+    p.add_argument("--load", type=float, default=None,
+                   help="target offered load over the measured span, sizes the cluster "
+                   "(default 1.0 for --quick, 0.9 for the whole trace)")
     p.add_argument("--nodes", type=int, default=None,
                    help="cluster size in nodes (overrides --load)")
     p.add_argument("--node-gpus", type=int, default=8)
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         trace=a.trace,
         quick=a.quick,
         days=a.days,
-        target_load=a.load,
+        target_load=a.load if a.load is not None else (1.0 if a.quick else 0.9),
         nodes=a.nodes,
         node_gpus=a.node_gpus,
         labels=tr.LabelSpec(seed=a.seed, urgent_share=a.urgent, approved_share=a.approved,

@@ -36,7 +36,7 @@ class Options:
     node_policy: str = BINPACK
     gpu_policy: str = SPREAD
     afs_half_life: float = 168 * 3600.0
-    variant_aging: float = 0.2  # AGING_COEFFICIENT of the "wdrf-aging" variant
+    variant_aging: float = 0.5  # AGING_COEFFICIENT of the "wdrf-aging" variant
     generated_jobs: int = 600  # only when trace is None
     generated_seed: int = 11
 

@@ -26,7 +26,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from controller.accounting import UsageHistory
-from controller.config import Settings
+from controller.config import SETTING_FIELDS, Settings
 from controller.domain import (
     APPROVED_ANNOTATION,
     GPU,
@@ -53,6 +53,26 @@ if TYPE_CHECKING:
     from controller.sim.engine import Key, Simulation
 
 STATIC_PRIORITY = {PriorityClass.URGENT: 1000, PriorityClass.APPROVED: 100, PriorityClass.NORMAL: 1}
+
+
+def describe_settings(settings: Settings) -> str:
+    """'default settings', or the keys that differ from the defaults, and the starvation bound."""
+    default = Settings()
+    diffs = [
+        f"{key}={describe_value(getattr(settings, f.name))}"
+        for key, f in SETTING_FIELDS.items()
+        if getattr(settings, f.name) != getattr(default, f.name)
+    ]
+    window = settings.overtake_window()
+    bound = (
+        "no starvation bound" if math.isinf(window)
+        else f"a normal workload ranks above every later arrival after {window / 3600:.1f} h"
+    )
+    return (", ".join(diffs) if diffs else "default settings") + f" ({bound})"
+
+
+def describe_value(v: object) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
 
 
 class Policy:
@@ -216,10 +236,8 @@ class Wdrf(Policy):
         self.epoch = epoch
         self.name = name
         self.incremental = incremental
-        hl = settings.usage_half_life
-        self.description = (
-            "controller.policy.compute_plan every LOOP_INTERVAL"
-            + (f", USAGE_HALF_LIFE {hl / 3600:g} h" if hl else ", default settings")
+        self.description = "controller.policy.compute_plan every LOOP_INTERVAL, " + (
+            describe_settings(settings)
         )
         self.plan_calls = 0
         self.plan_seconds = 0.0

@@ -248,6 +248,18 @@ def render(
 # Plots
 
 
+def _smooth(values: Sequence[float], span: int) -> list[float]:
+    """Trailing moving average over `span` points."""
+    out: list[float] = []
+    acc = 0.0
+    for i, v in enumerate(values):
+        acc += v
+        if i >= span:
+            acc -= values[i - span]
+        out.append(acc / min(i + 1, span))
+    return out
+
+
 def plot_all(
     out: Path, results: Sequence[SimResult], metrics: Sequence[PolicyMetrics], info: RunInfo
 ) -> list[str]:
@@ -307,11 +319,12 @@ def plot_all(
         w0 = int(m.period.start // b)
         w1 = min(math.ceil(m.period.end / b), len(m.share_series))
         xs = [(w * b) / 86400.0 for w in range(w0, w1)]
-        stacks = [[m.share_series[w][i] for w in range(w0, w1)] for i in top]
-        other = [
+        span = max(1, int(6 * HOUR // b)) if (w1 - w0) * b > 7 * 86400 else 1
+        stacks = [_smooth([m.share_series[w][i] for w in range(w0, w1)], span) for i in top]
+        other = _smooth([
             sum(m.share_series[w][i] for i in range(len(teams)) if i not in top)
             for w in range(w0, w1)
-        ]
+        ], span)
         labels = [teams[i] for i in top] + ["other teams"]
         ax.stackplot(xs, *stacks, other, labels=labels, colors=[*colors[:8], "#cccccc"])
         ax.set_title(m.policy, fontsize=10)
@@ -324,7 +337,9 @@ def plot_all(
         ax.set_xlabel("days since start of replay")
     for row in axes_grid:
         row[0].set_ylabel("share of GPUs")
-    fig.suptitle("Team (virtual cluster) share of GPU capacity over time, hourly")
+    fig.suptitle("Team (virtual cluster) share of GPU capacity over time"
+                 + (" (6 h mean)" if (len(m.share_series) * results[0].series.bin) > 7 * 86400
+                    else " (hourly)"))
     fig.text(0.5, 0.005, credit, ha="center", fontsize=7, color="gray")
     fig.tight_layout(rect=(0, 0.02, 1, 0.97))
     fig.savefig(out / "team_share.png", dpi=100)
@@ -338,18 +353,21 @@ def plot_all(
         w0 = int(m.period.start // b)
         w1 = min(math.ceil(m.period.end / b), len(m.util_series))
         u = m.util_series[w0:w1]
-        span = max(1, int(6 * HOUR // b))
-        smooth = [sum(u[max(0, i - span + 1): i + 1]) / len(u[max(0, i - span + 1): i + 1])
-                  for i in range(len(u))]
+        smooth = _smooth(u, max(1, int(6 * HOUR // b)))
         xs = [(w * b) / 86400.0 for w in range(w0, w1)]
         ax1.plot(xs, smooth, label=m.policy, color=colors[k % 10], linewidth=1.2)
         js = m.jain_series
-        ax2.plot(xs[: len(js)], js, ".", markersize=2.5, color=colors[k % 10], label=m.policy)
+        day = max(1, int(24 * HOUR // b))
+        jm: list[float] = []
+        for i in range(len(js)):
+            vals = [x for x in js[max(0, i - day + 1): i + 1] if x == x]
+            jm.append(sum(vals) / len(vals) if vals and js[i] == js[i] else math.nan)
+        ax2.plot(xs[: len(jm)], jm, color=colors[k % 10], linewidth=1.2, label=m.policy)
     ax1.set_ylabel("GPU utilisation (6 h mean)")
     ax1.set_ylim(0, 1.05)
     ax1.grid(True, alpha=0.3)
     ax1.legend(fontsize=8, loc="lower right", ncol=3)
-    ax2.set_ylabel("Jain's index (busy hours)")
+    ax2.set_ylabel("Jain's index, busy hours\n(24 h mean)")
     ax2.set_ylim(0, 1.02)
     ax2.axhline(0.9, color="gray", linestyle="--", linewidth=0.8)
     ax2.grid(True, alpha=0.3)
