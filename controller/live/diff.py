@@ -230,10 +230,13 @@ def diff_job_hami(
     job: JSON,
     job_resource: Resource,
     resources_mutable: bool | None,
+    fraction_blocked: str = "",
 ) -> Diff:
     """HAMi annotations and GPU fraction on a Job's pod template.
 
     `resources_mutable`: None = not known yet (try), False = the cluster refused before.
+    `fraction_blocked`: why the fraction must not be written (e.g. the ClusterQueue does not
+    cover `nvidia.com/gpucores`, so Kueue would never admit the Workload); "" = no reason.
     """
     hami = decision.hami
     out = _Builder()
@@ -255,7 +258,11 @@ def diff_job_hami(
         out.add(Change(ref, job_resource, HAMI_ANNOTATIONS, MERGE_PATCH, body,
                        f"pod template annotations {text}", decision))
     if fraction:
-        if resources_mutable is False:
+        if fraction_blocked:
+            out.add(Notice(ref, "GpuFractionNotApplied",
+                           f"GPU fraction ({fraction_text(hami)}) not applied: "
+                           f"{fraction_blocked}"))
+        elif resources_mutable is False:
             out.add(fraction_refused_notice(ref, hami))
         else:
             out.add(Change(ref, job_resource, GPU_FRACTION, STRATEGIC_MERGE_PATCH, fraction,

@@ -158,3 +158,47 @@ def read_priority_boost_gate(transport: Transport, kueue_namespace: str) -> tupl
     except ApiError as e:
         where.append(f"Deployment {kueue_namespace}/{KUEUE_DEPLOYMENT}: {e.status or e.reason}")
     return None, "; ".join(where)
+
+
+# -- quota check strategy (can a Workload gain a resource its ClusterQueue does not cover?) --
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaCheck:
+    """Kueue's `resources` manager configuration, as far as it decides whether a request for a
+    resource a ClusterQueue does not cover blocks admission. Kueue's default: BlockUndeclared."""
+
+    ignore_undeclared: bool = False
+    transformed: frozenset[str] = frozenset()  # inputs of resource transformations
+    excluded_prefixes: tuple[str, ...] = ()
+
+    def accepts(self, resource: str, covered: Iterable[str]) -> bool:
+        if self.ignore_undeclared or resource in set(covered) or resource in self.transformed:
+            return True
+        return any(resource.startswith(p) for p in self.excluded_prefixes)
+
+
+def quota_check_from_manager_config(text: str) -> QuotaCheck:
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return QuotaCheck()
+    res = doc.get("resources") if isinstance(doc, Mapping) else None
+    if not isinstance(res, Mapping):
+        return QuotaCheck()
+    inputs = frozenset(
+        str(t.get("input")) for t in res.get("transformations") or []
+        if isinstance(t, Mapping) and t.get("input")
+    )
+    prefixes = tuple(str(p) for p in res.get("excludeResourcePrefixes") or [])
+    return QuotaCheck(res.get("quotaCheckStrategy") == "IgnoreUndeclared", inputs, prefixes)
+
+
+def read_quota_check(transport: Transport, kueue_namespace: str) -> QuotaCheck:
+    """From Kueue's manager ConfigMap; Kueue's default (BlockUndeclared) when unreadable."""
+    try:
+        cm = transport.request("GET", CONFIG_MAPS.item(KUEUE_CONFIG_MAP, kueue_namespace))
+    except ApiError:
+        return QuotaCheck()
+    text = ((cm or {}).get("data") or {}).get(KUEUE_CONFIG_KEY)
+    return quota_check_from_manager_config(text) if isinstance(text, str) else QuotaCheck()

@@ -27,7 +27,15 @@ from datetime import UTC, datetime
 from types import FrameType
 
 from controller.config import Settings
-from controller.domain import ClusterQueue, InputProblem, KueueApiVersion, ObjectRef, Workload
+from controller.domain import (
+    GPUCORES,
+    GPUMEM_PERCENTAGE,
+    ClusterQueue,
+    InputProblem,
+    KueueApiVersion,
+    ObjectRef,
+    Workload,
+)
 from controller.live.api import (
     CLUSTER_QUEUES,
     JOBS,
@@ -67,9 +75,11 @@ from controller.live.diff import (
 )
 from controller.live.discovery import (
     ModeChoice,
+    QuotaCheck,
     choose_kueue_version,
     kueue_resource,
     read_priority_boost_gate,
+    read_quota_check,
     resolve_mode,
     served_versions,
 )
@@ -78,7 +88,7 @@ from controller.live.history import HistoryStore
 from controller.live.leader import LeaderElector, default_identity
 from controller.live.metrics import Health, HttpServer, Metrics
 from controller.live.snapshot import Built, Parsers, SnapshotBuilder, needs_prompt_cycle
-from controller.plan import Plan
+from controller.plan import Plan, WorkloadDecision
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +203,7 @@ class LiveController:
         self._warned: set[str] = set()
         self._reload_history = False
         self.mode: ModeChoice | None = None
+        self.quota_check = QuotaCheck()
         self.kueue_version: KueueApiVersion | None = None
         self.informers: dict[str, Informer] = {}
         self.http: HttpServer | None = None
@@ -210,6 +221,7 @@ class LiveController:
                 )
                 gate, where = read_priority_boost_gate(self.reader, self.settings.kueue_namespace)
                 self.mode = resolve_mode(self.settings.priority_mode, gate, where)
+                self.quota_check = read_quota_check(self.reader, self.settings.kueue_namespace)
                 break
             except Exception as e:
                 delay = backoff.next()
@@ -355,6 +367,8 @@ class LiveController:
         wl_resource = self._resource(WORKLOADS)
         jobs, workloads = self.informers["jobs"], self.informers["workloads"]
         pods_by_uid = {str(p["metadata"].get("uid")): p for p in self.informers["pods"].items()}
+        covered = {cq.name: {q.resource for q in cq.quotas}
+                   for cq in built.snapshot.cluster_queues}
         hami: list[Change] = []
         priority: list[Change] = []
         notices: list[Notice] = []
@@ -374,7 +388,8 @@ class LiveController:
                 job = jobs.get(f"{wl.namespace}/{wl.owner.name}")
                 if job is None:
                     continue
-                part = diff_job_hami(d, job, JOBS, self.applier.resources_mutable)
+                part = diff_job_hami(d, job, JOBS, self.applier.resources_mutable,
+                                     self._fraction_blocked(d, covered))
             else:
                 owned = [pods_by_uid[str(o.get("uid"))]
                          for o in raw["metadata"].get("ownerReferences") or []
@@ -383,6 +398,22 @@ class LiveController:
             hami.extend(part.changes)
             notices.extend(part.notices)
         return Diff(tuple(hami + priority), tuple(notices))
+
+    def _fraction_blocked(self, d: WorkloadDecision, covered: dict[str, set[str]]) -> str:
+        """Why writing the GPU fraction would hurt: Kueue would block the Workload because
+        its ClusterQueue does not cover the resource (BlockUndeclared, Kueue's default)."""
+        if d.hami is None:
+            return ""
+        wanted = [r for r, v in ((GPUCORES, d.hami.gpucores),
+                                 (GPUMEM_PERCENTAGE, d.hami.gpumem_percentage)) if v is not None]
+        have = covered.get(d.cluster_queue or "", set())
+        missing = [r for r in wanted if not self.quota_check.accepts(r, have)]
+        if not missing:
+            return ""
+        return (f"ClusterQueue {d.cluster_queue} does not cover {', '.join(missing)}; with "
+                "Kueue's quotaCheckStrategy BlockUndeclared the Workload could never be "
+                "admitted. Cover it in the ClusterQueue, or configure Kueue's resource "
+                "transformations or IgnoreUndeclared.")
 
     # -- observability --------------------------------------------------------------------
 

@@ -32,7 +32,10 @@ def test_hami_settings_on_suspended_job_template_and_its_pods(
     kube.wait_node_ready(api, node)
     flavor = f"gpu-{ns}"
     kube.create_resource_flavor(api, flavor, node_labels={"wdrf-test/node": node})
-    cq, _ = kube.create_queues(api, ns, {"cpu": 4, "nvidia.com/gpu": 0}, flavor=flavor)
+    # The queue covers HAMi's fraction resources: Kueue's default quotaCheckStrategy
+    # (BlockUndeclared) would otherwise never admit a Job that asks for them.
+    quota = {"cpu": 4, "nvidia.com/gpu": 0, GPUCORES: 200, GPUMEM_PERCENTAGE: 200}
+    cq, _ = kube.create_queues(api, ns, quota, flavor=flavor)
     try:
         kube.create_job(api, ns, "train", "lq", requests={"cpu": "1", "nvidia.com/gpu": "1"},
                         annotations={GPU_FRACTION_ANNOTATION: "0.5"}, run_seconds=30)
@@ -58,16 +61,19 @@ def test_hami_settings_on_suspended_job_template_and_its_pods(
             assert h.events_for(api, ns, "train", "HamiSettingsApplied")
 
             # Now give the queue a GPU: Kueue admits and unsuspends, the Job creates its pod.
+            quota["nvidia.com/gpu"] = 1
             kube.request(api, "PATCH", kube.kueue_path("clusterqueues", cq),
                          {"spec": {"resourceGroups": [{
-                             "coveredResources": ["cpu", "nvidia.com/gpu"],
+                             "coveredResources": list(quota),
                              "flavors": [{"name": flavor, "resources": [
-                                 {"name": "cpu", "nominalQuota": "4"},
-                                 {"name": "nvidia.com/gpu", "nominalQuota": "1"}]}]}]}})
+                                 {"name": r, "nominalQuota": str(q)}
+                                 for r, q in quota.items()]}]}]}})
             pod = kube.wait_for(lambda: next(iter(kube.request(
                 api, "GET", f"/api/v1/namespaces/{ns}/pods",
                 query={"labelSelector": "job-name=train"})["items"]), None), 90,
-                "a pod of Job train")
+                "a pod of Job train", lambda: "; ".join(
+                    kube.describe_workload(w) for w in kube.list_workloads(api, ns)))
+        print("resources_mutable:", c.applier.resources_mutable)
         pod_ann = pod["metadata"].get("annotations") or {}
         assert pod_ann.get(HAMI_NODE_POLICY_ANNOTATION) == "binpack"
         assert pod_ann.get(HAMI_GPU_POLICY_ANNOTATION) == "binpack"

@@ -312,3 +312,25 @@ def test_health_check_apiserver_down() -> None:
     api.fail("GET", "/version", 0, message="connection refused")
     out: list[str] = []
     assert run_health_check(settings(), api, echo=out.append) == 1
+
+
+def test_gpu_fraction_is_not_written_when_the_queue_would_then_block_the_workload() -> None:
+    from controller.domain import GPU_FRACTION_ANNOTATION, GPUCORES
+
+    api = FakeApi()
+    cluster(api)  # the ClusterQueue covers cpu only; Kueue's default is BlockUndeclared
+    api.put_object(JOBS.item("train", "team-a"), {
+        "metadata": {"name": "train", "namespace": "team-a", "uid": "uid-train",
+                     "labels": {"kueue.x-k8s.io/queue-name": "lq"},
+                     "annotations": {GPU_FRACTION_ANNOTATION: "0.5"}},
+        "spec": {"suspend": True, "template": {"spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    workload(api, "team-a", "job-train-abcde", owner="train", gpu=True)
+    c = controller(api, settings())
+    report = c.run_cycle(NOW)
+    job = api.get_object(JOBS.item("train", "team-a"))
+    assert job is not None
+    limits = job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert GPUCORES not in limits
+    assert [n.reason for n in report.notices] == ["GpuFractionNotApplied"]
+    assert "does not cover nvidia.com/gpucores" in report.notices[0].message

@@ -156,3 +156,19 @@ def test_http_endpoints() -> None:
         assert dead.value.code == 503
     finally:
         server.stop()
+
+
+def test_quota_check_from_kueue_config() -> None:
+    from controller.live.discovery import QuotaCheck, quota_check_from_manager_config
+
+    default = QuotaCheck()
+    assert not default.accepts("nvidia.com/gpucores", {"cpu", "nvidia.com/gpu"})
+    assert default.accepts("nvidia.com/gpucores", {"nvidia.com/gpucores"})
+    ignore = quota_check_from_manager_config("resources:\n  quotaCheckStrategy: IgnoreUndeclared\n")
+    assert ignore.accepts("nvidia.com/gpucores", set())
+    transformed = quota_check_from_manager_config(
+        "resources:\n  transformations:\n  - input: nvidia.com/gpucores\n    strategy: Replace\n"
+        "  excludeResourcePrefixes: [nvidia.com/gpumem]\n")
+    assert transformed.accepts("nvidia.com/gpucores", set())
+    assert transformed.accepts("nvidia.com/gpumem-percentage", set())
+    assert not transformed.accepts("example.com/other", set())
