@@ -229,7 +229,7 @@ def render(
         lines.append(
             f"- {m.policy}: {wall}; every job admitted exactly once: {m.admitted_once}; "
             f"GPU-time conservation error {m.gpu_time_error:.1e}; never admitted "
-            f"{m.never_admitted}{cost}"
+            f"{m.never_admitted}; makespan {fmt_h(m.makespan)} h{cost}"
         )
     if plots:
         lines += ["", "## Plots", ""]
@@ -319,7 +319,7 @@ def plot_all(
         w0 = int(m.period.start // b)
         w1 = min(math.ceil(m.period.end / b), len(m.share_series))
         xs = [(w * b) / 86400.0 for w in range(w0, w1)]
-        span = max(1, int(6 * HOUR // b)) if (w1 - w0) * b > 7 * 86400 else 1
+        span = max(1, int(6 * HOUR // b)) if m.period.length > 7 * 86400 else 1
         stacks = [_smooth([m.share_series[w][i] for w in range(w0, w1)], span) for i in top]
         other = _smooth([
             sum(m.share_series[w][i] for i in range(len(teams)) if i not in top)
@@ -332,16 +332,18 @@ def plot_all(
         ax.grid(True, alpha=0.3)
     for k in range(n, rows * cols):
         axes_grid[k // cols][k % cols].axis("off")
-    axes_grid[0][0].legend(loc="upper left", fontsize=7, ncol=3)
+    handles, labels = axes_grid[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8,
+               bbox_to_anchor=(0.5, 0.015), frameon=False)
     for ax in axes_grid[-1]:
         ax.set_xlabel("days since start of replay")
     for row in axes_grid:
         row[0].set_ylabel("share of GPUs")
+    long_run = metrics[0].period.length > 7 * 86400
     fig.suptitle("Team (virtual cluster) share of GPU capacity over time"
-                 + (" (6 h mean)" if (len(m.share_series) * results[0].series.bin) > 7 * 86400
-                    else " (hourly)"))
-    fig.text(0.5, 0.005, credit, ha="center", fontsize=7, color="gray")
-    fig.tight_layout(rect=(0, 0.02, 1, 0.97))
+                 + (" (6 h mean)" if long_run else " (hourly)"))
+    fig.text(0.5, 0.003, credit, ha="center", fontsize=7, color="gray")
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     fig.savefig(out / "team_share.png", dpi=100)
     plt.close(fig)
     names.append("team_share.png")
