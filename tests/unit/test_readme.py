@@ -144,8 +144,10 @@ def test_every_flag_and_subcommand_the_readme_names_exists() -> None:
     cluster_opts = {o for act in parser._actions for o in act.option_strings}
     # (bench scripts' flags are checked in test_bench_commands_in_the_readme_exist)
     without_bench = re.sub(r"bench/\w+\.py(?: --[a-z-]+)*", "", development)
+    bench_opts = {f for b in (ROOT / "bench").glob("*.py")
+                  for f in re.findall(r'"(--[a-z][a-z-]+)"', b.read_text(encoding="utf-8"))}
     for flag in re.findall(r"(--[a-z][a-z-]+)", without_bench):
-        assert flag in cluster_opts | opts, flag
+        assert flag in cluster_opts | opts | bench_opts, flag
     assert "--no-priority-boost" in cluster_opts and "--gpu-nodes" in cluster_opts
     assert 'CLUSTER_ARGS' in (ROOT / "Makefile").read_text(encoding="utf-8")
 
