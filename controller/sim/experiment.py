@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -214,6 +214,3 @@ def table_text(exp: Experiment) -> str:
 
     return "\n".join(main_table(exp.metrics))
 
-
-def policy_names(results: Sequence[SimResult]) -> list[str]:
-    return [r.policy for r in results]

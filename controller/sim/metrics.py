@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from controller.domain import PriorityClass
 from controller.sim.engine import SimResult
-from controller.sim.trace import HOUR, PCT, Period
+from controller.sim.trace import HOUR, Period
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +200,3 @@ def compute(
         extra=result.extra,
     )
 
-
-def gpu_equivalents(need: int) -> float:
-    return need / PCT
