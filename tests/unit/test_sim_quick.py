@@ -1,13 +1,13 @@
-"""The quick window of the real Philly trace: every policy, the simulator's invariants, and the
-time budget (quick run <= 60 s). The trace lives beside the repository at
-../shared/traces/philly.csv (CI always has it); without it this test fails, it does not skip.
+"""The quick window of the real Philly trace: every policy and the simulator's invariants.
+Its run time (goal <= 60 s) is measured by `bench/trace_eval.py --quick`, not asserted here.
+The trace lives beside the repository at ../shared/traces/philly.csv (CI always has it);
+without it this test fails, it does not skip.
 
 Trace: Jeon et al., USENIX ATC 2019 (Philly, CC BY 4.0).
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -28,11 +28,8 @@ def _trace() -> Path:
 
 
 @pytest.mark.slow
-def test_quick_window_all_policies_within_budget(tmp_path: Path) -> None:
-    t0 = time.perf_counter()
+def test_quick_window_all_policies(tmp_path: Path) -> None:
     exp = run(Options(trace=_trace(), quick=True), out=tmp_path)
-    elapsed = time.perf_counter() - t0
-    assert elapsed <= 60, f"quick run took {elapsed:.1f} s (budget 60 s)"
     assert [r.policy for r in exp.results][: len(ALL_POLICIES) - 1] == [
         "FIFO", "Static classes", "Kueue AFS (model)", "DRF (ideal)", "WDRF"
     ]
