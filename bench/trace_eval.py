@@ -45,7 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fractional", type=float, default=0.30,
                    help="share of single-GPU jobs made fractional (0.25 or 0.5 GPU)")
     p.add_argument("--policies", default=",".join(ALL_POLICIES),
-                   help=f"comma list from {', '.join(ALL_POLICIES)}, wdrf-halflife=<hours>")
+                   help=f"comma list from {', '.join(ALL_POLICIES)}, wdrf-aging, "
+                   "wdrf-halflife=<hours>, wdrf:KEY=VALUE[:KEY=VALUE...] (WDRF with config keys "
+                   "changed, e.g. wdrf:AGING_COEFFICIENT=0.5:MAX_AGING_TIME=14d)")
     p.add_argument("--node-policy", choices=POLICIES, default="binpack")
     p.add_argument("--gpu-policy", choices=POLICIES, default="spread")
     p.add_argument("--exact-ticks", action="store_true",

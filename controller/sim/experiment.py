@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from controller.config import Settings, with_overrides
+from controller.config import SETTING_FIELDS, Settings, with_overrides
 from controller.sim import trace as tr
 from controller.sim.engine import SimConfig, SimResult, Simulation
 from controller.sim.metrics import PolicyMetrics, compute
@@ -17,7 +17,15 @@ from controller.sim.packing import BINPACK, SPREAD
 from controller.sim.policies import AfsModel, DrfIdeal, Fifo, Policy, StaticClasses, Wdrf
 from controller.sim.report import RunInfo, plot_all, render
 
-ALL_POLICIES = ("fifo", "static", "afs", "drf", "wdrf", "wdrf-aging")
+ALL_POLICIES = ("fifo", "static", "afs", "drf", "wdrf", "wdrf-previous")
+
+# The defaults before 2026-11 (docs/evaluation.md): classes 1000/100/1 x 250 and a fairness
+# range of 20,000 points, worth only 5.6 h of waiting against the aging term.
+PREVIOUS_DEFAULTS: dict[str, object] = {
+    "priority_weights": {"urgent": 1000, "approved": 100, "normal": 1},
+    "priority_class_unit": 250,
+    "fairness_points": 20000,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +78,19 @@ def make_policies(opts: Options, zero: datetime, settings: Settings) -> list[Pol
             out.append(DrfIdeal())
         elif name == "wdrf":
             out.append(Wdrf(settings, zero, incremental=opts.incremental))
+        elif name == "wdrf-previous":
+            s = with_overrides(settings, **PREVIOUS_DEFAULTS)
+            out.append(Wdrf(s, zero, name="WDRF, previous defaults", incremental=opts.incremental))
         elif name == "wdrf-aging":
             s = with_overrides(settings, aging_coefficient=opts.variant_aging)
             out.append(Wdrf(s, zero, name=f"WDRF, AGING_COEFFICIENT {opts.variant_aging:g}",
                             incremental=opts.incremental))
+        elif name.startswith("wdrf:"):
+            s = with_overrides(settings, **parse_variant(name))
+            label = ", ".join(
+                kv.replace("=", " ", 1) for kv in name.split(":")[1:] if kv.strip()
+            )
+            out.append(Wdrf(s, zero, name=f"WDRF, {label}", incremental=opts.incremental))
         elif name.startswith("wdrf-halflife="):
             hl = float(name.split("=", 1)[1]) * 3600.0
             s = with_overrides(settings, usage_half_life=hl)
@@ -81,8 +98,25 @@ def make_policies(opts: Options, zero: datetime, settings: Settings) -> list[Pol
                             incremental=opts.incremental))
         else:
             raise ValueError(f"unknown policy {name!r} (expected {', '.join(ALL_POLICIES)}, "
-                             "or wdrf-halflife=<hours>)")
+                             "wdrf-aging, wdrf-halflife=<hours>, or wdrf:KEY=VALUE[:KEY=VALUE...])")
     return out
+
+
+def parse_variant(name: str) -> dict[str, object]:
+    """`wdrf:AGING_COEFFICIENT=0.25:FAIRNESS_POINTS=100000` -> Settings field changes, each value
+    parsed exactly as config.yaml's would be (durations like 14d accepted)."""
+    changes: dict[str, object] = {}
+    for item in name.split(":")[1:]:
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in SETTING_FIELDS:
+            raise ValueError(f"bad WDRF variant item {item!r} in {name!r} (expected KEY=VALUE "
+                             "with a config key)")
+        f = SETTING_FIELDS[key]
+        changes[f.name] = f.metadata["parse"](value.strip())
+    return changes
 
 
 @dataclass(frozen=True, slots=True)
