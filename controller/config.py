@@ -337,7 +337,7 @@ def setting(key: str, default: Any, parse: Callable[[object], Any], doc: str) ->
     return field(default=default, metadata=meta)
 
 
-_DEFAULT_PRIORITY_WEIGHTS = {"urgent": 1000, "approved": 100, "normal": 1}
+_DEFAULT_PRIORITY_WEIGHTS = {"urgent": 3, "approved": 2, "normal": 1}
 _DEFAULT_RESOURCE_WEIGHTS = {CPU: 1.0, MEMORY: 1.0, GPU: 1.0, GPUCORES: 1.0, GPUMEM_PERCENTAGE: 1.0}
 _DEFAULT_HAMI_RULES = (HamiRule(fractional=True, node_policy="binpack", gpu_policy="binpack"),)
 
@@ -354,10 +354,10 @@ class Settings:
         "PRIORITY_WEIGHTS", _DEFAULT_PRIORITY_WEIGHTS, p_priority_weights, "class weights"
     )
     priority_class_unit: int = setting(
-        "PRIORITY_CLASS_UNIT", 250, p_pos_int, "priority points per unit of class weight"
+        "PRIORITY_CLASS_UNIT", 110000, p_pos_int, "priority points per unit of class weight"
     )
     fairness_points: int = setting(
-        "FAIRNESS_POINTS", 20000, p_nonneg_int, "points for a team with zero usage"
+        "FAIRNESS_POINTS", 100000, p_nonneg_int, "points for a team with zero usage"
     )
     fairness_levels: int = setting(
         "FAIRNESS_LEVELS", 50, p_pos_int, "fairness factor quantization levels"

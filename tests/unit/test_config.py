@@ -70,7 +70,7 @@ def test_every_error_at_once(tmp_path: Path) -> None:
     ("env", "key"),
     [
         ({"PRIORITY_WEIGHTS": "{urgent: 1, approved: 2, normal: 3}"}, "PRIORITY_WEIGHTS"),
-        ({"FAIRNESS_POINTS": "24750"}, "FAIRNESS_POINTS"),
+        ({"FAIRNESS_POINTS": "110000"}, "FAIRNESS_POINTS"),  # = smallest gap x unit
         ({"AGING_COEFFICIENT": "5000"}, "AGING_COEFFICIENT"),
         ({"AGING_STEP": "0"}, "AGING_STEP"),
         ({"TEAM_SOURCE": "label", "TEAM_LABEL_KEY": ""}, "TEAM_LABEL_KEY"),
@@ -99,7 +99,7 @@ def test_unreadable_config_file(tmp_path: Path) -> None:
 
 def test_overtake_window_and_warning() -> None:
     s = Settings()
-    assert s.overtake_window() == 269750 + 300
+    assert s.overtake_window() == 320000 + 300
     assert not s.warnings()
     weak = load_settings(env={"AGING_COEFFICIENT": "0.01"}, config_path=REPO / "config.yaml")
     assert math.isinf(weak.overtake_window()) and weak.warnings()

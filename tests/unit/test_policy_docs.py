@@ -22,7 +22,7 @@ def test_worked_example() -> None:
     ]
     plan = compute_plan(snapshot(items, gpus=16, teams=("a", "b", "c")), Settings(), NOW)
     got = {d.key: d.target_priority for d in plan.decisions}
-    assert got == {"a/pretrain": 262200, "b/finetune": 49400, "c/eval": 31050, "a/sweep": 22650}
+    assert got == {"a/pretrain": 388600, "b/finetune": 313200, "c/eval": 220800, "a/sweep": 178800}
     assert [d.key for d in plan.decisions] == ["a/pretrain", "b/finetune", "c/eval", "a/sweep"]
     fair = {t: plan.teams[t].dominant_share for t in "abc"}
     assert fair == {"a": 0.25, "b": 0.0625, "c": 0.0}
@@ -30,7 +30,7 @@ def test_worked_example() -> None:
 
 def test_worked_example_bound() -> None:
     s = Settings()
-    assert score(PriorityClass.NORMAL, 11600, (3 * 24 + 4) * 3600, s) == 285450
-    assert score(PriorityClass.URGENT, 20000, 0, s) == 270000
-    assert s.overtake_window() == 269750 + 300  # 3 d 3 h 0 min 50 s
-    assert s.max_score() == 874800
+    assert score(PriorityClass.NORMAL, 58000, (3 * 24 + 18) * 3600, s) == 492000
+    assert score(PriorityClass.URGENT, 100000, 0, s) == 430000
+    assert s.overtake_window() == 320000 + 300  # 3 d 16 h 58 min 20 s
+    assert s.max_score() == 1034800

@@ -152,9 +152,11 @@ def test_starvation_bound(
 @FAST
 @given(st.floats(0.01, 3.0), st.integers(1, 14), st.integers(10, 2000))
 def test_configurable_bound_is_stated_and_holds(coef: float, days: int, unit: int) -> None:
+    w = Settings().priority_weights
+    fair = min(20000, min(w["urgent"] - w["approved"], w["approved"] - w["normal"]) * unit - 1)
     s = make_settings(aging_coefficient=coef, max_aging_time=days * 86400.0,
-                      priority_class_unit=unit, fairness_points=min(20000, 99 * unit - 1),
-                      fairness_levels=50)
+                      priority_class_unit=unit, fairness_points=fair,
+                      fairness_levels=min(50, fair))
     window = s.overtake_window()
     if math.isinf(window):
         assert s.warnings()

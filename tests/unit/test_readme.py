@@ -217,7 +217,7 @@ def test_worked_example_numbers_are_what_the_policy_computes() -> None:
     teams = 3.0  # three teams of weight 1
     share = {"A": 4 / 16, "B": (4 * 0.25) / 16, "C": 0.0}
     fair = {t: fairness_term(v, teams, s) for t, v in share.items()}
-    assert fair == {"A": 11600, "B": 17200, "C": 20000}, fair
+    assert fair == {"A": 58000, "B": 86000, "C": 100000}, fair
     for t in fair:
         assert f"**{fair[t]}**" in example, t
     rows = [
@@ -227,11 +227,11 @@ def test_worked_example_numbers_are_what_the_policy_computes() -> None:
         (PriorityClass.NORMAL, "A", 3 * 3600),
     ]
     got = [score(cls, fair[team], wait, s) for cls, team, wait in rows]
-    assert got == [262200, 49400, 31050, 22650], got
+    assert got == [388600, 313200, 220800, 178800], got
     for n in got:
         assert f"**{n}**" in example, n
-    assert "(\N{MINUS SIGN}3s)" in example and "\N{MULTIPLICATION SIGN} 250" in example
-    assert s.priority_class_unit == 250 and s.fairness_points == 20000
+    assert "(\N{MINUS SIGN}3s)" in example and "\N{MULTIPLICATION SIGN} 110000" in example
+    assert s.priority_class_unit == 110000 and s.fairness_points == 100000
 
 
 @pytest.mark.parametrize("cmd", ["make dry-run", "make test"])
