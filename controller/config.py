@@ -337,7 +337,7 @@ def setting(key: str, default: Any, parse: Callable[[object], Any], doc: str) ->
     return field(default=default, metadata=meta)
 
 
-_DEFAULT_PRIORITY_WEIGHTS = {"urgent": 3, "approved": 2, "normal": 1}
+_DEFAULT_PRIORITY_WEIGHTS = {"urgent": 1000, "approved": 100, "normal": 1}
 _DEFAULT_RESOURCE_WEIGHTS = {CPU: 1.0, MEMORY: 1.0, GPU: 1.0, GPUCORES: 1.0, GPUMEM_PERCENTAGE: 1.0}
 _DEFAULT_HAMI_RULES = (HamiRule(fractional=True, node_policy="binpack", gpu_policy="binpack"),)
 
@@ -354,7 +354,7 @@ class Settings:
         "PRIORITY_WEIGHTS", _DEFAULT_PRIORITY_WEIGHTS, p_priority_weights, "class weights"
     )
     priority_class_unit: int = setting(
-        "PRIORITY_CLASS_UNIT", 110000, p_pos_int, "priority points per unit of class weight"
+        "PRIORITY_CLASS_UNIT", 1020, p_pos_int, "priority points per unit of class weight"
     )
     fairness_points: int = setting(
         "FAIRNESS_POINTS", 100000, p_nonneg_int, "points for a team with zero usage"
@@ -437,23 +437,55 @@ class Settings:
             + math.floor(self.aging_coefficient * self.max_aging_time)
         )
 
-    def overtake_window(self) -> float:
-        """Seconds after which a normal workload ranks above every later arrival (math.inf if
-        aging can never close the gap before MAX_AGING_TIME). See docs/policy.md."""
+    def overtake_window(self, by: PriorityClass = PriorityClass.URGENT) -> float:
+        """Seconds after which a normal workload ranks above every later arrival of class `by` or
+        a lower class (math.inf if aging can never close that gap before MAX_AGING_TIME). The
+        default, `by=URGENT`, bounds overtaking by all later arrivals. See docs/policy.md."""
         gap = (
-            self.class_weight(PriorityClass.URGENT) - self.class_weight(PriorityClass.NORMAL)
+            self.class_weight(by) - self.class_weight(PriorityClass.NORMAL)
         ) * self.priority_class_unit + self.fairness_points
         if self.aging_coefficient <= 0:
             return math.inf
         window = math.ceil(gap / self.aging_coefficient) + self.aging_step
         return window if window <= self.max_aging_time else math.inf
 
+    def starvation_bound(self, duration: Callable[[float], str]) -> str:
+        """The starvation bound as one sentence, per overtaking class; `duration` formats
+        seconds. Said plainly when a class can overtake a normal workload at any time."""
+        parts: list[str] = []
+        always: list[str] = []
+        for cls in (PriorityClass.NORMAL, PriorityClass.APPROVED, PriorityClass.URGENT):
+            window = self.overtake_window(cls)
+            if math.isinf(window):
+                always.append(cls.value)
+                parts.append(f"{cls.value} work at any time")
+            else:
+                parts.append(f"{cls.value} work arriving within {duration(window)} after it")
+        cap = f"MAX_AGING_TIME={duration(self.max_aging_time)}"
+        if len(always) == len(parts):
+            return (f"none: a normal workload can be overtaken by later work of every class, "
+                    f"without limit (aging up to {cap} cannot close the gap).")
+        text = (f"while it waits less than {cap}, a normal workload can be overtaken only by "
+                "work that arrived before it, by " + ", by ".join(parts[:-1])
+                + f" and by {parts[-1]}")
+        if always:
+            text += (f" (a fresh {always[-1]} workload outranks a normal one even at the aging "
+                     "cap)")
+        return text + "."
+
     def warnings(self) -> list[str]:
         out: list[str] = []
-        if math.isinf(self.overtake_window()):
+        if math.isinf(self.overtake_window(PriorityClass.NORMAL)):
             out.append(
-                "no starvation bound: AGING_COEFFICIENT x MAX_AGING_TIME cannot close the gap "
-                "between urgent and normal; a normal workload can be overtaken indefinitely"
+                "no starvation bound: AGING_COEFFICIENT x MAX_AGING_TIME cannot close the "
+                "fairness range; a normal workload can be overtaken indefinitely, even by later "
+                "normal work"
+            )
+        elif math.isinf(self.overtake_window(PriorityClass.APPROVED)):
+            out.append(
+                "no starvation bound against approved work: AGING_COEFFICIENT x MAX_AGING_TIME "
+                "cannot close the gap between approved and normal; a normal workload can be "
+                "overtaken indefinitely by later approved work"
             )
         return out
 

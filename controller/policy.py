@@ -6,8 +6,10 @@
     target priority = base + boost (clamped to int32); an admin override sets it outright.
 
 With equal waits, classes never reorder (FAIRNESS_POINTS < class gap x unit, checked at load).
-A normal workload can only be overtaken by workloads that arrived before it or less than
-`Settings.overtake_window()` after it (while it has waited < MAX_AGING_TIME). See docs/policy.md.
+A normal workload can only be overtaken by workloads that arrived before it, or less than
+`Settings.overtake_window(cls)` after it for an overtaking class `cls` (while it has waited
+< MAX_AGING_TIME); where that window is infinite (urgent, by default) work of that class can
+overtake it at any time. `Settings.starvation_bound()` states it. See docs/policy.md.
 """
 
 from __future__ import annotations

@@ -26,6 +26,12 @@ def _duration(seconds: float) -> str:
     return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
+def _duration_up(seconds: float) -> str:
+    """Like _duration, rounded up to the unit shown (a bound must not be understated)."""
+    unit = 1 if seconds < 120 else 60 if seconds < 172800 else 3600
+    return _duration(math.ceil(seconds / unit) * unit)
+
+
 def _amount(resource: str, value: float) -> str:
     """Human units: bytes as GiB for memory-like resources, GPUs as GPU-equivalents."""
     if resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-"):
@@ -200,12 +206,8 @@ def render_table(plan: Plan, settings: Settings | None = None) -> str:
         out.append("Warnings:")
         out += [f"  - {w}" for w in plan.warnings]
     if settings is not None:
-        window = settings.overtake_window()
-        bound = "none (see warnings)" if math.isinf(window) else _duration(window)
         out.append("")
-        out.append(f"Starvation bound: a normal workload can be overtaken only by work that "
-                   f"arrived before it or within {bound} after it (while it waits less than "
-                   f"MAX_AGING_TIME={_duration(settings.max_aging_time)}).")
+        out.append(f"Starvation bound: {settings.starvation_bound(_duration_up)}")
     return "\n".join(out)
 
 

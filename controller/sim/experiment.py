@@ -220,6 +220,7 @@ def run(opts: Options, out: Path | None = None,
         loop_interval=settings.loop_interval,
         aging_cap=settings.max_aging_time,
         overtake_window=settings.overtake_window(),
+        bound=settings.starvation_bound(lambda sec: f"{math.ceil(sec / 360) / 10:.1f} h"),
         labels=(
             f"Synthetic labels (seed {ls.seed}): {100 * ls.urgent_share:g} % urgent, "
             f"{100 * ls.approved_share:g} % approved, the rest normal; "

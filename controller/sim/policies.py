@@ -63,12 +63,8 @@ def describe_settings(settings: Settings) -> str:
         for key, f in SETTING_FIELDS.items()
         if getattr(settings, f.name) != getattr(default, f.name)
     ]
-    window = settings.overtake_window()
-    bound = (
-        "no starvation bound" if math.isinf(window)
-        else f"a normal workload ranks above every later arrival after {window / 3600:.1f} h"
-    )
-    return (", ".join(diffs) if diffs else "default settings") + f" ({bound})"
+    bound = settings.starvation_bound(lambda sec: f"{math.ceil(sec / 360) / 10:.1f} h").rstrip(".")
+    return (", ".join(diffs) if diffs else "default settings") + f" (starvation bound: {bound})"
 
 
 def describe_value(v: object) -> str:

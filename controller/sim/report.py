@@ -35,7 +35,8 @@ class RunInfo:
     load: float
     loop_interval: float
     aging_cap: float  # MAX_AGING_TIME
-    overtake_window: float  # Settings.overtake_window()
+    overtake_window: float  # Settings.overtake_window(): against every later arrival
+    bound: str  # Settings.starvation_bound(), per overtaking class
     labels: str  # synthetic-label disclosure
     packing: str
     seconds: Mapping[str, float] = field(default_factory=dict)  # wall time per policy
@@ -147,7 +148,7 @@ def goals(metrics: Sequence[PolicyMetrics], info: RunInfo, wdrf: str = "WDRF") -
         "WDRF normal-class max wait below FIFO's and the AFS model's",
         all(nmax < v for v in others.values()),
         f"WDRF {fmt_h(nmax)} h; " + ", ".join(f"{k} {fmt_h(v)} h" for k, v in others.items())
-        + f"; overtake window {fmt_h(info.overtake_window)} h, aging cap "
+        + f"; overtake window (all classes) {fmt_h(info.overtake_window)} h, aging cap "
         f"{fmt_h(info.aging_cap)} h",
     ))
     out.append(Goal(
@@ -193,8 +194,7 @@ def render(
         f"- Packing: {info.packing}.",
         f"- {info.labels}",
         f"- Controller loop: LOOP_INTERVAL {info.loop_interval:g} s; MAX_AGING_TIME "
-        f"{fmt_h(info.aging_cap)} h; a normal workload ranks above every later arrival after "
-        f"{fmt_h(info.overtake_window)} h (`Settings.overtake_window()`).",
+        f"{fmt_h(info.aging_cap)} h; starvation bound: {info.bound}",
         "",
         "## Results",
         "",

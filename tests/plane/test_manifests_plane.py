@@ -658,7 +658,7 @@ def test_controller_with_its_service_account_runs_full_cycles_in_every_mode(
     wl = cycle("boost")
     ann = wl["metadata"].get("annotations") or {}
     boost = int(ann[BOOST])
-    assert boost > 25000, ann  # the approved class term alone is 2 x 110000
+    assert boost > 25000, ann  # the approved class term alone is 100 x 1020
     assert wl["spec"].get("priority", 0) == 0 and BASE not in ann
 
     wl = cycle("spec")

@@ -8,8 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.config import KEYS, ConfigError, HamiRule, Settings, load_settings
-from controller.domain import TeamSource
+from controller.config import (
+    KEYS,
+    ConfigError,
+    HamiRule,
+    Settings,
+    load_settings,
+    with_overrides,
+)
+from controller.domain import PriorityClass, TeamSource
 from controller.plan import PriorityMode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +77,7 @@ def test_every_error_at_once(tmp_path: Path) -> None:
     ("env", "key"),
     [
         ({"PRIORITY_WEIGHTS": "{urgent: 1, approved: 2, normal: 3}"}, "PRIORITY_WEIGHTS"),
-        ({"FAIRNESS_POINTS": "110000"}, "FAIRNESS_POINTS"),  # = smallest gap x unit
+        ({"FAIRNESS_POINTS": "100980"}, "FAIRNESS_POINTS"),  # = smallest gap x unit
         ({"AGING_COEFFICIENT": "5000"}, "AGING_COEFFICIENT"),
         ({"AGING_STEP": "0"}, "AGING_STEP"),
         ({"TEAM_SOURCE": "label", "TEAM_LABEL_KEY": ""}, "TEAM_LABEL_KEY"),
@@ -99,7 +106,17 @@ def test_unreadable_config_file(tmp_path: Path) -> None:
 
 def test_overtake_window_and_warning() -> None:
     s = Settings()
-    assert s.overtake_window() == 320000 + 300
+    assert dict(s.priority_weights) == {"urgent": 1000, "approved": 100, "normal": 1}
+    assert s.overtake_window(PriorityClass.NORMAL) == 100000 + 300
+    assert s.overtake_window(PriorityClass.APPROVED) == 99 * 1020 + 100000 + 300
+    assert math.isinf(s.overtake_window(PriorityClass.URGENT))  # urgent: by design, see docs
     assert not s.warnings()
+    text = s.starvation_bound(lambda sec: f"{sec:.0f}s")
+    assert "normal work arriving within 100300s" in text
+    assert "approved work arriving within 201280s" in text
+    assert "and by urgent work at any time" in text
+    covered = with_overrides(s, max_aging_time=13 * 86400.0)
+    assert covered.overtake_window() == 999 * 1020 + 100000 + 300
+    assert "at any time" not in covered.starvation_bound(str)
     weak = load_settings(env={"AGING_COEFFICIENT": "0.01"}, config_path=REPO / "config.yaml")
     assert math.isinf(weak.overtake_window()) and weak.warnings()

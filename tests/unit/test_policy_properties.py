@@ -131,40 +131,63 @@ _S = Settings()
     st.sampled_from(list(PriorityClass)),
     st.integers(0, _S.fairness_levels),
     st.integers(0, _S.fairness_levels),
-    st.floats(_S.overtake_window(), _S.max_aging_time - 1),
+    st.floats(0, 1),
     st.floats(0, 1),
 )
 def test_starvation_bound(
-    later_cls: PriorityClass, level_n: int, level_x: int, n_wait: float, frac: float
+    later_cls: PriorityClass, level_n: int, level_x: int, n_frac: float, frac: float
 ) -> None:
-    """A normal workload N that has waited less than MAX_AGING_TIME ranks above any X that
-    arrived at least overtake_window() after it, whatever X's class and share."""
+    """A normal workload N that has waited less than MAX_AGING_TIME ranks above any X of class
+    `later_cls` that arrived at least overtake_window(later_cls) after it, whatever X's share.
+    Where that window is infinite (urgent, with the defaults), the bound says so: a fresh X then
+    outranks N at any wait, even at the aging cap."""
     s = _S
-    window = s.overtake_window()
-    assert math.isfinite(window) and window <= s.max_aging_time
-    x_wait = (n_wait - window) * frac  # X arrived >= window after N
     level = s.fairness_points // s.fairness_levels
+    window = s.overtake_window(later_cls)
+    if math.isinf(window):
+        assert later_cls is PriorityClass.URGENT  # the defaults bound approved and normal
+        assert f"by {later_cls.value} work at any time" in s.starvation_bound(str)
+        n_wait = s.max_aging_time * (1 + n_frac)
+        assert score(PriorityClass.NORMAL, level_n * level, n_wait, s) < score(
+            later_cls, level_x * level, 0, s
+        )
+        return
+    assert window <= s.max_aging_time
+    n_wait = window + (s.max_aging_time - 1 - window) * n_frac
+    x_wait = (n_wait - window) * frac  # X arrived >= window after N
     assert score(PriorityClass.NORMAL, level_n * level, n_wait, s) > score(
         later_cls, level_x * level, x_wait, s
     )
+    for lower in PriorityClass:  # the window also covers every lower class
+        if s.class_weight(lower) <= s.class_weight(later_cls):
+            assert s.overtake_window(lower) <= window
 
 
 @FAST
-@given(st.floats(0.01, 3.0), st.integers(1, 14), st.integers(10, 2000))
-def test_configurable_bound_is_stated_and_holds(coef: float, days: int, unit: int) -> None:
+@given(st.floats(0.01, 3.0), st.integers(1, 14), st.integers(10, 2000),
+       st.sampled_from(list(PriorityClass)))
+def test_configurable_bound_is_stated_and_holds(
+    coef: float, days: int, unit: int, later_cls: PriorityClass
+) -> None:
     w = Settings().priority_weights
     fair = min(20000, min(w["urgent"] - w["approved"], w["approved"] - w["normal"]) * unit - 1)
     s = make_settings(aging_coefficient=coef, max_aging_time=days * 86400.0,
                       priority_class_unit=unit, fairness_points=fair,
                       fairness_levels=min(50, fair))
-    window = s.overtake_window()
+    window = s.overtake_window(later_cls)
     if math.isinf(window):
-        assert s.warnings()
+        if later_cls is PriorityClass.URGENT:
+            assert "by urgent work at any time" in s.starvation_bound(str) or (
+                s.starvation_bound(str).startswith("none")
+            )
+        else:
+            assert s.warnings()
         return
+    assert f"{later_cls.value} work arriving within {window}" in s.starvation_bound(str)
     n_wait = window + s.aging_step
     if n_wait >= s.max_aging_time:
         return
-    top_x = score(PriorityClass.URGENT, s.fairness_points, n_wait - window, s)
+    top_x = score(later_cls, s.fairness_points, n_wait - window, s)
     assert score(PriorityClass.NORMAL, 0, n_wait, s) > top_x
 
 

@@ -227,11 +227,12 @@ def test_worked_example_numbers_are_what_the_policy_computes() -> None:
         (PriorityClass.NORMAL, "A", 3 * 3600),
     ]
     got = [score(cls, fair[team], wait, s) for cls, team, wait in rows]
-    assert got == [388600, 313200, 220800, 178800], got
+    assert got == [1078600, 195200, 111820, 69820], got
     for n in got:
         assert f"**{n}**" in example, n
-    assert "(\N{MINUS SIGN}3s)" in example and "\N{MULTIPLICATION SIGN} 110000" in example
-    assert s.priority_class_unit == 110000 and s.fairness_points == 100000
+    assert "(\N{MINUS SIGN}3s)" in example and "\N{MULTIPLICATION SIGN} 1020" in example
+    assert s.priority_class_unit == 1020 and s.fairness_points == 100000
+    assert dict(s.priority_weights) == {"urgent": 1000, "approved": 100, "normal": 1}
 
 
 @pytest.mark.parametrize("cmd", ["make dry-run", "make test"])
