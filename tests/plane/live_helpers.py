@@ -82,6 +82,15 @@ def planned_in(report: CycleReport, cluster_queue: str) -> list[WorkloadDecision
     return [d for d in report.plan.decisions if d.cluster_queue == cluster_queue]
 
 
+def create_job(api: k8s.ApiClient, ns: str, name: str, queue: str, **kw: Any) -> Obj:
+    """A Kueue Job whose pods can never be scheduled (node selector matching no node): when
+    the session's plane also runs the e2e extras (controller-manager, scheduler, kwok), an
+    admitted Job must keep its quota instead of running to completion."""
+    body = kube.job_manifest(ns, name, queue, **kw)
+    body["spec"]["template"]["spec"]["nodeSelector"] = {"wdrf-test/parked": "nowhere"}
+    return kube.request(api, "POST", f"/apis/batch/v1/namespaces/{ns}/jobs", body)
+
+
 def job_workload(api: k8s.ApiClient, ns: str, job: str) -> str:
     name: str = kube.workload_for_job(api, ns, job)["metadata"]["name"]
     return name

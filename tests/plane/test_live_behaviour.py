@@ -39,7 +39,7 @@ def _queue_with_pending(
     cq, _ = kube.create_queues(api, ns, {"cpu": quota})
     names: dict[str, str] = {}
     for job, ann in jobs:
-        kube.create_job(api, ns, job, "lq", annotations=ann, labels=labels)
+        h.create_job(api, ns, job, "lq", annotations=ann, labels=labels)
         names[job] = h.job_workload(api, ns, job)
         h.wait_pending(api, ns, names[job])
     return cq, names
@@ -64,16 +64,16 @@ def test_aging_lets_an_old_workload_of_a_heavy_team_overtake(
     try:
         for ns in (heavy, light):
             kube.create_local_queue(api, ns, "lq", cq)
-        kube.create_job(api, heavy, "run-0", "lq")
-        kube.create_job(api, heavy, "run-1", "lq")
+        h.create_job(api, heavy, "run-0", "lq")
+        h.create_job(api, heavy, "run-1", "lq")
         running = [h.job_workload(api, heavy, j) for j in ("run-0", "run-1")]
         for wl in running:
             kube.wait_for_workload_condition(api, heavy, wl, "QuotaReserved")
-        kube.create_job(api, heavy, "old", "lq")
+        h.create_job(api, heavy, "old", "lq")
         old = h.job_workload(api, heavy, "old")
         h.wait_pending(api, heavy, old)
         time.sleep(6)  # the heavy team's Workload waits; then lighter work arrives
-        kube.create_job(api, light, "new", "lq")
+        h.create_job(api, light, "new", "lq")
         new = h.job_workload(api, light, "new")
         h.wait_pending(api, light, new)
 

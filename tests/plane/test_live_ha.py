@@ -86,7 +86,7 @@ def test_two_replicas_kill_hands_over_within_30s_and_never_two_writers(
         leader = next(r for r, p in logs.items() if f"({holder})" in p.read_text())
         follower = "b" if leader == "a" else "a"
 
-        kube.create_job(api, namespace, "first", "lq")
+        h.create_job(api, namespace, "first", "lq")
         first = h.job_workload(api, namespace, "first")
         kube.wait_for(lambda: _boosted(api, namespace, first), 30, "leader boosts first")
 
@@ -99,7 +99,7 @@ def test_two_replicas_kill_hands_over_within_30s_and_never_two_writers(
         handover = time.monotonic() - killed_at
         assert f"({new_holder})" in logs[follower].read_text()
 
-        kube.create_job(api, namespace, "second", "lq")
+        h.create_job(api, namespace, "second", "lq")
         second = h.job_workload(api, namespace, "second")
         kube.wait_for(lambda: _boosted(api, namespace, second), 30, "new leader boosts")
 

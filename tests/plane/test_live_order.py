@@ -32,7 +32,7 @@ def test_admission_order_matches_plan_urgent_last_admitted_first(
             kube.create_local_queue(api, ns, "lq", cq)
         running: list[tuple[str, str]] = []
         for ns, job in ((teams[0], "run-0"), (teams[0], "run-1"), (teams[1], "run-2")):
-            kube.create_job(api, ns, job, "lq")
+            h.create_job(api, ns, job, "lq")
             wl = h.job_workload(api, ns, job)
             kube.wait_for_workload_condition(api, ns, wl, "QuotaReserved")
             running.append((ns, wl))
@@ -47,7 +47,7 @@ def test_admission_order_matches_plan_urgent_last_admitted_first(
         for i, (ns, job, ann) in enumerate(jobs):
             if i:
                 time.sleep(1.1)  # distinct creation timestamps: FIFO among equals is unambiguous
-            kube.create_job(api, ns, job, "lq", annotations=ann)
+            h.create_job(api, ns, job, "lq", annotations=ann)
             wl = h.job_workload(api, ns, job)
             h.wait_pending(api, ns, wl)
             pending[f"{ns}/{wl}"] = ns
