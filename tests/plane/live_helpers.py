@@ -175,8 +175,10 @@ def lease_holder(api: k8s.ApiClient, namespace: str, name: str) -> str:
 
 
 def events_for(api: k8s.ApiClient, ns: str, name: str, reason: str | None = None) -> list[Obj]:
+    """The controller's Events (not Kueue's) about object `name`."""
     items: list[Obj] = kube.request(api, "GET", f"/api/v1/namespaces/{ns}/events")["items"]
     return [e for e in items if e["involvedObject"].get("name") == name
+            and (e.get("source") or {}).get("component") == "wdrf-controller"
             and (reason is None or e.get("reason") == reason)]
 
 
