@@ -39,9 +39,16 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
             config_file=path, context=context, client_configuration=configuration
         )
     else:
-        k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=configuration
-        )
+        try:
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        except k8s_config.ConfigException as e:
+            raise RuntimeError(
+                f"no kubeconfig at {path} and not running in a cluster ({e}); set"
+                " KUBECONFIG_PATH / --kubeconfig-path, or run offline with --from-file"
+                " examples/cluster-snapshot.yaml"
+            ) from e
     configuration.connection_pool_maxsize = POOL_SIZE
     return k8s_client.ApiClient(configuration)
 
