@@ -36,6 +36,7 @@ from controller.accounting import (
 )
 from controller.config import INT32_MAX, INT32_MIN, MAX_OVERRIDE, Settings
 from controller.domain import (
+    APPLIED_PRIORITY_ANNOTATION,
     APPROVED_ANNOTATION,
     BASE_PRIORITY_ANNOTATION,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
@@ -119,19 +120,45 @@ def read_override(
     return None, []
 
 
+def _int32(val: str | None) -> int | None:
+    if val is not None and _SIGNED.match(val) and INT32_MIN <= int(val) <= INT32_MAX:
+        return int(val)
+    return None
+
+
+def implied_base(priority: int | None, annotations: Mapping[str, str]) -> int | None:
+    """The base priority a Workload's spec.priority and annotations imply; None when
+    `wdrf.x-k8s.io/base-priority` is present but invalid.
+
+    Without a (valid) base annotation: spec.priority, else 0. With one, and a valid
+    `wdrf.x-k8s.io/applied-priority` (the spec.priority this controller last wrote):
+    spec.priority == applied -> ours, the base annotation; == base -> Kueue reset it to the
+    class value, the base annotation; anything else -> someone set a new base (a changed
+    WorkloadPriorityClass, an admin), spec.priority. Without a valid applied annotation the
+    base annotation wins, as it did before that annotation existed."""
+    val = annotations.get(BASE_PRIORITY_ANNOTATION)
+    if val is None:
+        return priority or 0
+    base = _int32(val)
+    if base is None:
+        return None
+    applied = _int32(annotations.get(APPLIED_PRIORITY_ANNOTATION))
+    if applied is None or priority is None or priority in (applied, base):
+        return base
+    return priority
+
+
 def read_base(workload: Workload) -> tuple[int, list[InputProblem]]:
-    """Base priority: `wdrf.x-k8s.io/base-priority` if present and valid, else spec.priority,
-    else 0. An invalid base annotation is a problem: without the true base, writing spec
-    priority would compound boosts."""
-    val = workload.annotations.get(BASE_PRIORITY_ANNOTATION)
-    if val is not None:
-        if _SIGNED.match(val) and INT32_MIN <= int(val) <= INT32_MAX:
-            return int(val), []
+    """Base priority, see `implied_base`. An invalid base annotation is a problem: without the
+    true base, writing spec priority would compound boosts."""
+    base = implied_base(workload.priority, workload.annotations)
+    if base is None:
         return (workload.priority or 0), [InputProblem(
-            workload.ref, f"metadata.annotations[{BASE_PRIORITY_ANNOTATION}]", val,
+            workload.ref, f"metadata.annotations[{BASE_PRIORITY_ANNOTATION}]",
+            workload.annotations[BASE_PRIORITY_ANNOTATION],
             "expected a signed int32 integer",
         )]
-    return (workload.priority or 0), []
+    return base, []
 
 
 def read_current_boost(workload: Workload) -> tuple[int | None, list[InputProblem]]:

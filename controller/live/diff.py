@@ -6,8 +6,9 @@ only what differs, so a steady cycle produces no `Change` at all.
 * boost mode: a merge patch of `kueue.x-k8s.io/priority-boost` only (removed when the boost is
   0). A base priority left behind by spec mode is restored in the same patch.
 * spec mode: a JSON patch that `test`s the `spec.priority` it read, sets the target, and keeps
-  the base priority in `wdrf.x-k8s.io/base-priority` (dropped once the priority is back at the
-  base). A boost annotation left behind by boost mode is removed.
+  the base priority in `wdrf.x-k8s.io/base-priority` and the target it wrote in
+  `wdrf.x-k8s.io/applied-priority` (both dropped once the priority is back at the base). A
+  boost annotation left behind by boost mode is removed.
 * HAMi: template annotations of a suspended, never-started owner Job (merge patch), GPU
   fraction as container resources of that Job (strategic merge patch, by container name) when
   the cluster allows it, or annotations of a pod group's gated pods.
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.domain import (
+    APPLIED_PRIORITY_ANNOTATION,
     BASE_PRIORITY_ANNOTATION,
     GPU,
     GPUCORES,
@@ -31,6 +33,7 @@ from controller.domain import (
 )
 from controller.live.api import JSON, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, Resource
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
+from controller.policy import implied_base
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 
@@ -153,6 +156,8 @@ def _boost_change(decision: WorkloadDecision, wl: JSON, resource: Resource) -> C
     if have != want:
         annotations[KUEUE_PRIORITY_BOOST_ANNOTATION] = want
     # Left over from spec mode: put the base priority back and forget it.
+    if APPLIED_PRIORITY_ANNOTATION in ann:
+        annotations[APPLIED_PRIORITY_ANNOTATION] = None
     if BASE_PRIORITY_ANNOTATION in ann:
         annotations[BASE_PRIORITY_ANNOTATION] = None
         spec_priority = _int_or_none((wl.get("spec") or {}).get("priority"))
@@ -173,31 +178,41 @@ def _boost_change(decision: WorkloadDecision, wl: JSON, resource: Resource) -> C
 def _spec_change(decision: WorkloadDecision, wl: JSON, resource: Resource) -> Change | None:
     ann = annotations_of(wl)
     have = _int_or_none((wl.get("spec") or {}).get("priority"))
+    if BASE_PRIORITY_ANNOTATION in ann and implied_base(have, ann) != decision.base_priority:
+        # Someone set a new base since the plan was made (seen when re-reading after a failed
+        # `test`): never overwrite it with the old base; the next cycle plans from it.
+        return None
     target = decision.target_priority
-    base_text = str(decision.base_priority)
-    ops: list[JSON] = []
-    if have != target:
-        if have is not None:
-            # Only if nobody changed it since we read it (Kueue, a user): else re-read.
-            ops.append({"op": "test", "path": pointer("spec", "priority"), "value": have})
-        ops.append({"op": "add", "path": pointer("spec", "priority"), "value": target})
     keep_base = target != decision.base_priority
-    if keep_base and ann.get(BASE_PRIORITY_ANNOTATION) != base_text:
-        if "annotations" not in _meta(wl) or _meta(wl).get("annotations") is None:
-            ops.append({"op": "add", "path": pointer("metadata", "annotations"), "value": {}})
-        ops.append(
-            {"op": "add", "path": pointer("metadata", "annotations", BASE_PRIORITY_ANNOTATION),
-             "value": base_text}
-        )
-    elif not keep_base and BASE_PRIORITY_ANNOTATION in ann:
-        ops.append({"op": "remove",
-                    "path": pointer("metadata", "annotations", BASE_PRIORITY_ANNOTATION)})
+    ann_ops: list[JSON] = []
+    if keep_base:
+        # The base, and the value written here (so a later spec.priority that is neither tells
+        # a new base from Kueue's reset and from our own write; see policy.implied_base).
+        for key, text in ((BASE_PRIORITY_ANNOTATION, str(decision.base_priority)),
+                          (APPLIED_PRIORITY_ANNOTATION, str(target))):
+            if ann.get(key) != text:
+                ann_ops.append({"op": "add", "path": pointer("metadata", "annotations", key),
+                                "value": text})
+        if ann_ops and ("annotations" not in _meta(wl) or _meta(wl).get("annotations") is None):
+            ann_ops.insert(0, {"op": "add", "path": pointer("metadata", "annotations"),
+                               "value": {}})
+    else:
+        for key in (BASE_PRIORITY_ANNOTATION, APPLIED_PRIORITY_ANNOTATION):
+            if key in ann:
+                ann_ops.append({"op": "remove", "path": pointer("metadata", "annotations", key)})
     # Left over from boost mode: spec.priority now carries the whole target.
     if KUEUE_PRIORITY_BOOST_ANNOTATION in ann:
-        ops.append({"op": "remove",
-                    "path": pointer("metadata", "annotations", KUEUE_PRIORITY_BOOST_ANNOTATION)})
-    if not ops:
+        ann_ops.append({"op": "remove", "path": pointer(
+            "metadata", "annotations", KUEUE_PRIORITY_BOOST_ANNOTATION)})
+    if have == target and not ann_ops:
         return None
+    ops: list[JSON] = []
+    if have is not None:
+        # Only if nobody changed it since we read it (Kueue, a user): else re-read.
+        ops.append({"op": "test", "path": pointer("spec", "priority"), "value": have})
+    if have != target:
+        ops.append({"op": "add", "path": pointer("spec", "priority"), "value": target})
+    ops += ann_ops
     summary = f"spec.priority {have} -> {target} (base {decision.base_priority})"
     return Change(
         ref_of(wl, resource), resource, PRIORITY, JSON_PATCH, ops, summary, decision,

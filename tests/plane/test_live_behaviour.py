@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client as k8s
 
 from controller.domain import (
+    APPLIED_PRIORITY_ANNOTATION,
     BASE_PRIORITY_ANNOTATION,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
     URGENT_ANNOTATION,
@@ -213,6 +214,55 @@ def test_kueue_restart_resets_spec_priority_and_one_cycle_restores_it(
             assert restored - history[reset_at][0] <= 2, history
             wl = kube.get_workload(api, namespace, n)
             assert wl["metadata"]["annotations"][BASE_PRIORITY_ANNOTATION] == "10"
+    finally:
+        h.cleanup(api, [namespace], [cq])
+        kube.request(api, "DELETE", kube.kueue_path("workloadpriorityclasses", wpc))
+
+
+def test_spec_priority_changed_by_someone_else_becomes_the_new_base(
+    api: k8s.ApiClient, kubeconfig: Path, namespace: str
+) -> None:
+    wpc = kube.unique_name("wpc-low")
+    kube.request(api, "POST", kube.kueue_path("workloadpriorityclasses"), {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+        "metadata": {"name": wpc}, "value": 10})
+    cq, names = _queue_with_pending(api, namespace, [("w", {})],
+                                    labels={"kueue.x-k8s.io/priority-class": wpc})
+    wl = names["w"]
+    key = f"{namespace}/{wl}"
+    try:
+        c = h.new_controller(kubeconfig, h.live_settings(PRIORITY_MODE="spec"))
+        with h.started(c):
+            h.converge(c)
+            obj = kube.get_workload(api, namespace, wl)
+            ann = obj["metadata"]["annotations"]
+            assert ann[BASE_PRIORITY_ANNOTATION] == "10", ann
+            assert ann[APPLIED_PRIORITY_ANNOTATION] == str(obj["spec"]["priority"]), ann
+            assert obj["spec"]["priority"] > 10
+            # A class change (or an admin): spec.priority is now neither base nor ours.
+            kube.set_priority(api, namespace, wl, 40)
+            # The first cycle whose cache holds the new value takes it as the base.
+            deadline = time.monotonic() + 30
+            while True:
+                report = c.run_cycle()
+                d = next(x for x in report.plan.decisions if x.key == key)
+                if d.current_priority == 40:
+                    break
+                assert time.monotonic() < deadline, "the controller never saw spec.priority 40"
+                time.sleep(0.2)
+            assert d.base_priority == 40 and d.target_priority == 40 + d.target_boost, d
+            assert report.applied is not None
+            assert [o.result for o in report.applied.outcomes
+                    if o.change.ref.name == wl] == [APPLIED], report.applied.outcomes
+            obj = kube.get_workload(api, namespace, wl)
+            ann = obj["metadata"]["annotations"]
+            assert ann[BASE_PRIORITY_ANNOTATION] == "40", ann
+            assert obj["spec"]["priority"] == 40 + d.target_boost, obj["spec"]
+            assert ann[APPLIED_PRIORITY_ANNOTATION] == str(obj["spec"]["priority"]), ann
+            # And it stays there: the next cycles find nothing to write.
+            steady = h.converge(c)
+            d = next(x for x in steady.plan.decisions if x.key == key)
+            assert d.base_priority == 40, d
     finally:
         h.cleanup(api, [namespace], [cq])
         kube.request(api, "DELETE", kube.kueue_path("workloadpriorityclasses", wpc))

@@ -49,6 +49,7 @@ URGENT = "wdrf.x-k8s.io/urgent"
 OVERRIDE = "wdrf.x-k8s.io/priority-override"
 BOOST = "kueue.x-k8s.io/priority-boost"
 BASE = "wdrf.x-k8s.io/base-priority"
+APPLIED = "wdrf.x-k8s.io/applied-priority"
 USERS_GROUP = "wdrf-test:users"  # RBAC for the impersonated people below
 ORDINARY = ("alice", [USERS_GROUP])
 LEAD = ("lena", [USERS_GROUP, "wdrf:team-leads"])
@@ -390,7 +391,7 @@ def test_workload_class_annotations_follow_the_same_rules(
     wl = _workload(admin, ns)
     path = kube.kueue_path("workloads", wl["metadata"]["name"], ns)
     alice, lena, adam = people["ordinary"], people["lead"], people["admin"]
-    for key in (APPROVED, URGENT, OVERRIDE, BOOST, BASE):
+    for key in (APPROVED, URGENT, OVERRIDE, BOOST, BASE, APPLIED):
         status, message = denial(lambda key=key: annotate(  # type: ignore[misc]
             alice, path, {key: "7"}))
         assert status == 403 and key in message and "alice" in message, message
@@ -399,6 +400,8 @@ def test_workload_class_annotations_follow_the_same_rules(
     assert status == 403 and "wdrf:admins" in message
     out = annotate(adam, path, {URGENT: "true", OVERRIDE: "100"})
     assert out["metadata"]["annotations"][URGENT] == "true"
+    out = annotate(adam, path, {BASE: "7", APPLIED: "7"})  # admins may, like the controller
+    assert out["metadata"]["annotations"][APPLIED] == "7"
     # The same rules through the served v1beta1 API (converted by Kueue's webhook).
     v1 = kube.kueue_path("workloads", wl["metadata"]["name"], ns, version="v1beta1")
     denial(lambda: annotate(alice, v1, {APPROVED: None}))
@@ -412,10 +415,11 @@ def test_controller_and_kueue_service_accounts_are_not_blocked(
     # What the controller writes in boost mode and in spec mode.
     kube.set_priority_boost(controller_client, ns, name, 1234)
     out = kube.patch_workload(controller_client, ns, name,
-                              {"metadata": {"annotations": {BASE: "0"}},
+                              {"metadata": {"annotations": {BASE: "0", APPLIED: "1234"}},
                                "spec": {"priority": 1234}})
     assert out["metadata"]["annotations"][BOOST] == "1234"
     assert out["metadata"]["annotations"][BASE] == "0" and out["spec"]["priority"] == 1234
+    assert out["metadata"]["annotations"][APPLIED] == "1234"
     # HAMi annotations on a suspended Job's pod template (no class annotation involved, but the
     # Job carries one, so the policy evaluates the request).
     jname = f"j-{uuid.uuid4().hex[:5]}"
@@ -665,10 +669,11 @@ def test_controller_with_its_service_account_runs_full_cycles_in_every_mode(
     ann = wl["metadata"].get("annotations") or {}
     assert BOOST not in ann, ann  # mode switch cleans up
     assert ann[BASE] == "0" and wl["spec"]["priority"] >= boost, (ann, wl["spec"])
+    assert ann[APPLIED] == str(wl["spec"]["priority"]), (ann, wl["spec"])
 
     wl = cycle("auto")  # the plane's Kueue has PriorityBoost on: auto resolves to boost
     ann = wl["metadata"].get("annotations") or {}
-    assert int(ann[BOOST]) >= boost and BASE not in ann, ann
+    assert int(ann[BOOST]) >= boost and BASE not in ann and APPLIED not in ann, ann
     assert wl["spec"].get("priority", 0) == 0, wl["spec"]
 
     # HAMi settings reached the suspended Job's pod template (fractional -> binpack/binpack),

@@ -75,7 +75,8 @@ def test_conflict_that_resolves_itself_is_noop() -> None:
     assert change is not None
     api.put_object(WORKLOADS.item("a", "ns"), {
         "metadata": {"name": "a", "namespace": "ns",
-                     "annotations": {"wdrf.x-k8s.io/base-priority": "10"}},
+                     "annotations": {"wdrf.x-k8s.io/base-priority": "10",
+                                     "wdrf.x-k8s.io/applied-priority": "110"}},
         "spec": {"priority": 110}})
     report = Applier(api, Metrics()).apply([change])
     assert report.counts() == {NOOP: 1}

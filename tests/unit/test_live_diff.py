@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from controller.domain import (
+    APPLIED_PRIORITY_ANNOTATION,
     BASE_PRIORITY_ANNOTATION,
     GPUCORES,
     GPUMEM_PERCENTAGE,
@@ -114,7 +115,8 @@ def test_boost_zero_removes_the_annotation_and_absent_is_steady() -> None:
 
 
 def test_boost_mode_restores_spec_priority_left_by_spec_mode() -> None:
-    wl = workload(priority=510, annotations={BASE_PRIORITY_ANNOTATION: "10"})
+    wl = workload(priority=510, annotations={BASE_PRIORITY_ANNOTATION: "10",
+                                             APPLIED_PRIORITY_ANNOTATION: "510"})
     change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.BOOST)
     assert change is not None
     after = apply(wl, change)
@@ -139,12 +141,62 @@ def test_spec_mode_tests_the_old_value_and_remembers_the_base() -> None:
 
 
 def test_spec_mode_reasserts_after_kueue_reset() -> None:
-    # Kueue reset spec.priority to the class value; our base annotation survived.
-    wl = workload(priority=10, annotations={BASE_PRIORITY_ANNOTATION: "10"})
+    # Kueue reset spec.priority to the class value; our annotations survived.
+    wl = workload(priority=10, annotations={BASE_PRIORITY_ANNOTATION: "10",
+                                            APPLIED_PRIORITY_ANNOTATION: "510"})
     change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.SPEC)
     assert change is not None
     assert [op["op"] for op in change.body] == ["test", "add"]
     assert apply(wl, change)["spec"]["priority"] == 510
+
+
+def test_spec_mode_writes_the_applied_priority_in_the_same_patch() -> None:
+    wl = workload(priority=10, annotations={BASE_PRIORITY_ANNOTATION: "10"})  # from before it
+    change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    assert change.body[:2] == [{"op": "test", "path": "/spec/priority", "value": 10},
+                               {"op": "add", "path": "/spec/priority", "value": 510}]
+    after = apply(wl, change)
+    assert after["metadata"]["annotations"] == {BASE_PRIORITY_ANNOTATION: "10",
+                                                APPLIED_PRIORITY_ANNOTATION: "510"}
+    assert diff_priority(decision(), after, WORKLOADS, PriorityMode.SPEC) is None
+
+
+def test_spec_mode_own_value_with_new_boost_keeps_the_base() -> None:
+    wl = workload(priority=510, annotations={BASE_PRIORITY_ANNOTATION: "10",
+                                             APPLIED_PRIORITY_ANNOTATION: "510"})
+    change = diff_priority(decision(boost=700), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    after = apply(wl, change)
+    assert after["spec"]["priority"] == 710
+    assert after["metadata"]["annotations"] == {BASE_PRIORITY_ANNOTATION: "10",
+                                                APPLIED_PRIORITY_ANNOTATION: "710"}
+
+
+def test_spec_mode_new_base_rewrites_the_base_annotation() -> None:
+    # spec.priority is neither ours nor the base: a class change; the policy took 40 as base.
+    wl = workload(priority=40, annotations={BASE_PRIORITY_ANNOTATION: "10",
+                                            APPLIED_PRIORITY_ANNOTATION: "510"})
+    change = diff_priority(decision(base=40), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    assert change.body[0] == {"op": "test", "path": "/spec/priority", "value": 40}
+    after = apply(wl, change)
+    assert after["spec"]["priority"] == 540
+    assert after["metadata"]["annotations"] == {BASE_PRIORITY_ANNOTATION: "40",
+                                                APPLIED_PRIORITY_ANNOTATION: "540"}
+    assert diff_priority(decision(base=40), after, WORKLOADS, PriorityMode.SPEC) is None
+
+
+def test_spec_mode_redo_never_overwrites_a_new_base_with_a_stale_plan() -> None:
+    wl = workload(priority=510, annotations={BASE_PRIORITY_ANNOTATION: "10",
+                                             APPLIED_PRIORITY_ANNOTATION: "510"})
+    change = diff_priority(decision(boost=700), wl, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    moved = copy.deepcopy(wl)
+    moved["spec"]["priority"] = 40  # a class change between read and write
+    with pytest.raises(Exception, match="422"):
+        json_patch(moved, change.body)
+    assert redo(change, moved) is None  # the next cycle plans from base 40
 
 
 def test_spec_mode_test_op_fails_when_someone_changed_the_priority() -> None:
@@ -161,12 +213,13 @@ def test_spec_mode_test_op_fails_when_someone_changed_the_priority() -> None:
 
 
 def test_spec_mode_back_to_base_drops_the_base_annotation() -> None:
-    wl = workload(priority=510, annotations={BASE_PRIORITY_ANNOTATION: "10"})
+    wl = workload(priority=510, annotations={BASE_PRIORITY_ANNOTATION: "10",
+                                             APPLIED_PRIORITY_ANNOTATION: "510"})
     change = diff_priority(decision(boost=0), wl, WORKLOADS, PriorityMode.SPEC)
     assert change is not None
     after = apply(wl, change)
     assert after["spec"]["priority"] == 10
-    assert BASE_PRIORITY_ANNOTATION not in after["metadata"]["annotations"]
+    assert after["metadata"]["annotations"] == {}
 
 
 def test_spec_mode_removes_boost_left_by_boost_mode() -> None:

@@ -469,8 +469,13 @@ def test_admission_policy_guards_jobs_and_workloads(rendered: list[Obj]) -> None
         ("kueue.x-k8s.io", "workloads"): {"CREATE", "UPDATE"},
     }
     text = yaml.safe_dump(vap["spec"]["validations"])
-    for key in ("approved", "urgent", "priority-override"):
+    for key in ("approved", "urgent", "priority-override", "base-priority", "applied-priority"):
         assert f"wdrf.x-k8s.io/{key}" in text
+    # The controller-owned keys are in the list of guarded keys, next to each other.
+    changed = next(v["expression"] for v in vap["spec"]["variables"] if v["name"] == "changed")
+    for key in ("wdrf.x-k8s.io/base-priority", "wdrf.x-k8s.io/applied-priority",
+                "kueue.x-k8s.io/priority-boost"):
+        assert f"'{key}'" in changed, key
 
 
 def test_admission_binding_and_params(rendered: list[Obj]) -> None:

@@ -12,6 +12,7 @@ from wdrf_build import settings as make_settings
 from controller.accounting import UsageHistory
 from controller.config import MAX_OVERRIDE, Settings
 from controller.domain import (
+    APPLIED_PRIORITY_ANNOTATION,
     APPROVED_ANNOTATION,
     BASE_PRIORITY_ANNOTATION,
     GPU,
@@ -119,6 +120,41 @@ def test_base_priority_annotation_wins_over_spec() -> None:
 def test_bad_base_priority_is_reported(bad: str) -> None:
     d = one(plan_for(wl("p", annotations={BASE_PRIORITY_ANNOTATION: bad})))
     assert d.leave_unchanged and d.problems[0].field.endswith(f"[{BASE_PRIORITY_ANNOTATION}]")
+
+
+@pytest.mark.parametrize(
+    ("priority", "expected"),
+    [
+        (510, 10),  # spec.priority is the value this controller wrote: the remembered base
+        (10, 10),  # Kueue reset it to the class value: re-assert, base unchanged
+        (40, 40),  # neither: a new class or an admin set a new base
+        (None, 10),
+    ],
+)
+def test_applied_priority_tells_our_write_a_reset_and_a_new_base_apart(
+    priority: int | None, expected: int
+) -> None:
+    ann = {BASE_PRIORITY_ANNOTATION: "10", APPLIED_PRIORITY_ANNOTATION: "510"}
+    d = one(plan_for(wl("p", priority=priority, annotations=ann)))
+    assert not d.problems and not d.leave_unchanged
+    assert d.base_priority == expected
+    assert d.target_priority == expected + d.target_boost
+
+
+@pytest.mark.parametrize("applied", [None, "x", "99999999999", " 510"])
+def test_missing_or_invalid_applied_priority_keeps_the_base_annotation(
+    applied: str | None
+) -> None:
+    ann = {BASE_PRIORITY_ANNOTATION: "10"}
+    if applied is not None:
+        ann[APPLIED_PRIORITY_ANNOTATION] = applied
+    d = one(plan_for(wl("p", priority=40, annotations=ann)))
+    assert d.base_priority == 10 and not d.problems
+
+
+def test_applied_priority_without_base_annotation_is_ignored() -> None:
+    d = one(plan_for(wl("p", priority=40, annotations={APPLIED_PRIORITY_ANNOTATION: "510"})))
+    assert d.base_priority == 40 and not d.problems
 
 
 def test_base_defaults_to_spec_priority_then_zero() -> None:
