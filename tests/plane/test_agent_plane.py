@@ -14,17 +14,13 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import shutil
-import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -37,6 +33,7 @@ from controller.agent.runner import Agent, AgentConfig
 from controller.domain import GPU, GPU_INVENTORY_ANNOTATION, CapacitySource
 from controller.inventory import decode_agent_inventory, encode_agent_inventory, gpu_capacity
 from tests.support import kube
+from tests.support.kube import denial
 from tests.support.plane import Plane
 
 pytestmark = pytest.mark.plane
@@ -70,43 +67,14 @@ PATHS: dict[str, tuple[str, str, bool]] = {
 
 
 def render() -> list[Obj]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl is needed to render manifests/agent"
-    out = subprocess.run(
-        [kubectl, "kustomize", str(ROOT / "manifests" / "agent")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    return kube.render_kustomize(ROOT / "manifests" / "agent")
 
 
 def apply(api: k8s.ApiClient, obj: Obj, dry_run: bool = False) -> Obj:
     prefix, plural, namespaced = PATHS[obj["kind"]]
     ns = f"/namespaces/{obj['metadata']['namespace']}" if namespaced else ""
-    query = {"fieldManager": FIELD_MANAGER, "force": "true", "fieldValidation": "Strict"}
-    if dry_run:
-        query["dryRun"] = "All"
-    return kube.request(
-        api,
-        "PATCH",
-        f"{prefix}{ns}/{plural}/{obj['metadata']['name']}",
-        obj,
-        "application/apply-patch+yaml",
-        query,
-    )
-
-
-def denial(call: Callable[[], object]) -> tuple[int, str]:
-    with pytest.raises(ApiException) as info:
-        call()
-    body = info.value.body or ""
-    try:
-        message = str(json.loads(body).get("message", body))
-    except ValueError:
-        message = str(body)
-    return int(info.value.status), message
+    path = f"{prefix}{ns}/{plural}/{obj['metadata']['name']}"
+    return kube.server_side_apply(api, path, obj, FIELD_MANAGER, dry_run)
 
 
 def node_path(name: str) -> str:

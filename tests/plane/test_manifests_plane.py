@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
-import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.config import KEYS
 from tests.support import kube
+from tests.support.kube import denial
 from tests.support.plane import Plane
 
 pytestmark = pytest.mark.plane
@@ -91,30 +90,7 @@ def obj_path(obj: Obj) -> str:
 
 def ssa(api: k8s.ApiClient, obj: Obj, dry_run: bool = False) -> Obj:
     """Server-side apply with strict field validation (unknown or duplicate fields fail)."""
-    query = {"fieldManager": FIELD_MANAGER, "force": "true", "fieldValidation": "Strict"}
-    if dry_run:
-        query["dryRun"] = "All"
-    return kube.request(api, "PATCH", obj_path(obj), obj, "application/apply-patch+yaml", query)
-
-
-def render(path: Path) -> list[Obj]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl is needed to render manifests/"
-    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
-                         timeout=60, check=True)
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
-def denial(call: Callable[[], object]) -> tuple[int, str]:
-    """Run `call`, expecting the apiserver to refuse it; return (HTTP status, message)."""
-    with pytest.raises(ApiException) as info:
-        call()
-    body = info.value.body or ""
-    try:
-        message = str(json.loads(body).get("message", body))
-    except ValueError:
-        message = str(body)
-    return int(info.value.status), message
+    return kube.server_side_apply(api, obj_path(obj), obj, FIELD_MANAGER, dry_run)
 
 
 def job_path(ns: str, name: str = "") -> str:
@@ -142,7 +118,7 @@ def suffix() -> str:
 @pytest.fixture(scope="module")
 def installed(admin: k8s.ApiClient, suffix: str) -> list[Obj]:
     """The rendered manifests, applied. The admission binding is scoped to labelled namespaces."""
-    objs = render(ROOT / "manifests")
+    objs = kube.render_kustomize(ROOT / "manifests")
     for o in objs:
         if o["kind"] == "ValidatingAdmissionPolicyBinding":
             ssa(admin, o, dry_run=True)  # the shipped, cluster-wide binding is valid as is

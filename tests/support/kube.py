@@ -7,12 +7,16 @@ Kueue objects (the ``kueue.x-k8s.io/v1beta2`` API unless a ``version`` is given)
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import urllib3
+import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -57,6 +61,38 @@ def request(api: k8s.ApiClient, method: str, path: str, body: Any = None,
                                          data=None)
     out: Obj = json.loads(data) if data else {}
     return out
+
+
+def server_side_apply(api: k8s.ApiClient, path: str, obj: Obj, field_manager: str,
+                      dry_run: bool = False) -> Obj:
+    """Server-side apply `obj` at `path` with strict field validation (unknown fields fail)."""
+    query = {"fieldManager": field_manager, "force": "true", "fieldValidation": "Strict"}
+    if dry_run:
+        query["dryRun"] = "All"
+    return request(api, "PATCH", path, obj, "application/apply-patch+yaml", query)
+
+
+def denial(call: Callable[[], object]) -> tuple[int, str]:
+    """Run `call`, expecting the apiserver to refuse it; return (HTTP status, message)."""
+    try:
+        call()
+    except ApiException as e:
+        body = e.body or ""
+        try:
+            message = str(json.loads(body).get("message", body))
+        except ValueError:
+            message = str(body)
+        return int(e.status), message
+    raise AssertionError("the apiserver accepted a request that should have been refused")
+
+
+def render_kustomize(path: Path) -> list[Obj]:
+    """`kubectl kustomize PATH`, parsed into objects."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, f"kubectl is needed to render {path}"
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                         timeout=60, check=True)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 def kueue_path(plural: str, name: str = "", namespace: str | None = None,
