@@ -17,7 +17,7 @@ from controller.live.apply import (
 )
 from controller.live.backoff import Backoff
 from controller.live.diff import GPU_FRACTION, diff_job_hami, diff_priority
-from controller.live.fake import FakeApi
+from tests.support.fake import FakeApi
 from controller.live.metrics import Metrics
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
 

@@ -10,7 +10,7 @@ import pytest
 from controller.live.api import WORKLOADS, ApiError, CountingTransport
 from controller.live.backoff import Backoff
 from controller.live.cache import Gone, Informer, WatchSpec
-from controller.live.fake import FakeApi
+from tests.support.fake import FakeApi
 from controller.live.metrics import Metrics
 
 

@@ -33,7 +33,7 @@ from controller.live.diff import (
     pointer,
     redo,
 )
-from controller.live.fake import json_patch, merge_patch, strategic_merge_patch
+from tests.support.fake import json_patch, merge_patch, strategic_merge_patch
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller.live.api import LEASES, GuardedTransport, WriteRefused
-from controller.live.fake import FakeApi
+from tests.support.fake import FakeApi
 from controller.live.leader import LeaderElector
 from controller.live.metrics import Metrics
 

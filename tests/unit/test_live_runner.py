@@ -23,7 +23,7 @@ from controller.live.api import (
     LOCAL_QUEUES,
     WORKLOADS,
 )
-from controller.live.fake import FakeApi
+from tests.support.fake import FakeApi
 from controller.live.runner import LiveController, queue_warnings
 from controller.plan import PriorityMode
 

@@ -21,7 +21,7 @@ from controller.live.discovery import (
     read_priority_boost_gate,
     resolve_mode,
 )
-from controller.live.fake import FakeApi
+from tests.support.fake import FakeApi
 from controller.live.history import HistoryStore
 from controller.live.logs import JsonFormatter
 from controller.live.metrics import Health, HttpServer, Metrics
