@@ -64,9 +64,9 @@ class AgentCollector(Collector):
         yield GaugeMetricFamily(
             "wdrf_gpu_nvml_up", "1 when NVML answered on the last cycle", value=int(st.nvml_up)
         )
-        yield GaugeMetricFamily("wdrf_gpu_count", "Physical GPUs NVML reports", len(st.samples))
+        yield GaugeMetricFamily("wdrf_gpus", "Physical GPUs NVML reports", len(st.samples))
         healthy = sum(1 for s in st.samples if self._healthy(st, s))
-        yield GaugeMetricFamily("wdrf_gpu_healthy_count", "Healthy physical GPUs", healthy)
+        yield GaugeMetricFamily("wdrf_gpus_healthy", "Healthy physical GPUs", healthy)
         if st.last_read is not None:
             yield GaugeMetricFamily(
                 "wdrf_gpu_last_read_timestamp_seconds", "Last successful NVML read", st.last_read

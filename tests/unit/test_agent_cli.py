@@ -178,13 +178,13 @@ def test_real_run_allow_no_gpu_serves_zero_gpu_metrics() -> None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
                     text = r.read().decode()
-                if "wdrf_gpu_count" in text:
+                if "wdrf_gpus" in text:
                     break
             except OSError:
                 pass
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.2)
-        assert "wdrf_gpu_count 0.0" in text
+        assert "wdrf_gpus 0.0" in text
         assert "wdrf_gpu_nvml_up 0.0" in text
         assert "wdrf_gpu_info{" not in text
         assert "python_gc_objects" not in text  # own registry, only the agent's metrics

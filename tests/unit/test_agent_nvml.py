@@ -78,7 +78,7 @@ def test_zero_gpus(fake: FakeNvml) -> None:
     body = inventory_json(agent)
     assert body == {"v": 1, "observed": "2025-06-01T12:00:00Z", "driver": "550.54.15", "gpus": []}
     m = samples(render(registry))
-    assert value(m, "wdrf_gpu_count") == 0
+    assert value(m, "wdrf_gpus") == 0
     assert value(m, "wdrf_gpu_nvml_up") == 1
     assert not any(name == "wdrf_gpu_info" for name, _ in m)
 
@@ -112,7 +112,7 @@ def test_one_gpu_inventory_and_metrics(fake: FakeNvml) -> None:
     assert value(m, "wdrf_gpu_ecc_uncorrected_errors", **gpu) == 0
     assert value(m, "wdrf_gpu_mig_enabled", **gpu) == 0
     assert value(m, "wdrf_gpu_xid_errors_total", **gpu) == 0
-    assert value(m, "wdrf_gpu_count") == 1 and value(m, "wdrf_gpu_healthy_count") == 1
+    assert value(m, "wdrf_gpus") == 1 and value(m, "wdrf_gpus_healthy") == 1
     assert value(m, "wdrf_gpu_last_read_timestamp_seconds") == NOW.timestamp()
 
 
@@ -127,7 +127,7 @@ def test_eight_gpus(fake: FakeNvml) -> None:
     assert all(g["healthy"] and g["memMiB"] == 81559 for g in gpus)
     text = render(registry)
     m = samples(text)
-    assert value(m, "wdrf_gpu_count") == 8
+    assert value(m, "wdrf_gpus") == 8
     for i in range(8):
         assert value(m, "wdrf_gpu_healthy", uuid=f"GPU-{i:04d}", index=str(i)) == 1
     assert text.count("wdrf_gpu_temperature_celsius{") == 8
@@ -213,7 +213,7 @@ def test_nvml_error_mid_read_marks_only_that_gpu(fake: FakeNvml) -> None:
     assert value(m, "wdrf_gpu_healthy", uuid="GPU-0001", index="1") == 0
     assert value(m, "wdrf_gpu_power_watts", uuid="GPU-0001", index="1") is None
     assert value(m, "wdrf_gpu_power_watts", uuid="GPU-0002", index="2") == 70
-    assert value(m, "wdrf_gpu_healthy_count") == 2
+    assert value(m, "wdrf_gpus_healthy") == 2
 
 
 def test_gpu_that_cannot_be_opened_is_listed_unhealthy(fake: FakeNvml) -> None:
@@ -347,7 +347,7 @@ def test_allow_no_gpu_serves_zero_and_picks_up_a_late_driver(fake: FakeNvml) -> 
     assert result.inventory is None  # unknown is not zero: nothing to publish
     assert result.problem == "no NVIDIA driver: NVML Shared Library Not Found"
     m = samples(render(registry))
-    assert value(m, "wdrf_gpu_count") == 0 and value(m, "wdrf_gpu_nvml_up") == 0
+    assert value(m, "wdrf_gpus") == 0 and value(m, "wdrf_gpu_nvml_up") == 0
     fake.init_error = None  # the driver container finished installing
     fake.gpus = h100s(1)
     result = agent.step()
