@@ -1,11 +1,15 @@
 # Quick start:
-#   make dry-run   -- install into .venv and dry-run the policy over examples/cluster-snapshot.yaml
+#   make dry-run   -- install the runtime lock into .venv-dry-run and dry-run the policy over
+#                     examples/cluster-snapshot.yaml (no dev tools, no cluster)
 #   make test      -- install everything the tests need (Python deps, Go-built control plane) and run the suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# make dry-run: the runtime dependencies only (requirements.lock), run from the source tree.
+DRY_VENV ?= .venv-dry-run
+DRY_PY := $(DRY_VENV)/bin/python
 SNAPSHOT ?= examples/cluster-snapshot.yaml
 
-.PHONY: dry-run test venv tools cluster lint unit bench
+.PHONY: dry-run test venv tools cluster lint unit bench promtool helm
 
 venv: $(VENV)/.installed
 
@@ -16,8 +20,20 @@ $(VENV)/.installed: requirements-dev.lock pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-dry-run: venv
-	$(PY) -m controller --dry-run --from-file $(SNAPSHOT)
+$(DRY_VENV)/.installed: requirements.lock
+	python3 -m venv $(DRY_VENV)
+	$(DRY_PY) -m pip install -q --disable-pip-version-check --only-binary=:all: -r requirements.lock
+	touch $@
+
+dry-run: $(DRY_VENV)/.installed
+	$(DRY_PY) -m controller --dry-run --from-file $(SNAPSHOT)
+
+# promtool (Debian package prometheus) for tests/unit/test_monitoring.py; installed when missing.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "promtool missing: installing Debian's prometheus package"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+	  || { echo "ERROR: cannot install promtool (apt-get install prometheus failed; needs root and the Debian mirror)" >&2; exit 1; }; }
 
 tools:
 	bash tools/build.sh
@@ -29,7 +45,7 @@ lint: venv
 unit: venv
 	$(PY) -m pytest -m "not plane and not e2e"
 
-test: venv tools lint
+test: venv tools promtool lint
 	$(PY) -m pytest
 
 cluster: venv tools
