@@ -132,9 +132,14 @@ def _lazy(module: str, attr: str) -> Any:
 
 
 class _Group(click.Group):
-    """Registers `agent` lazily, so the offline path never imports the agent's dependencies."""
+    """Registers `agent`, `why` and `reset` lazily, so the offline path never imports their
+    dependencies."""
 
-    LAZY: ClassVar[dict[str, tuple[str, str]]] = {"agent": ("controller.agent.cli", "agent")}
+    LAZY: ClassVar[dict[str, tuple[str, str]]] = {
+        "agent": ("controller.agent.cli", "agent"),
+        "why": ("controller.why", "why_cmd"),  # namespace-scoped: why is my job waiting?
+        "reset": ("controller.reset", "reset_cmd"),  # undo the controller's writes
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.LAZY})
