@@ -1,4 +1,4 @@
-"""Who is a team, what each team uses, what the cluster has, and weighted dominant shares.
+"""Who is a team, what each team uses, what each pool has, and weighted dominant shares.
 
 Quantities are exact `Decimal`s in the domain; here, at the accounting boundary, they become
 floats once, because share math is a ratio compared against quantized levels and a plan over
@@ -6,19 +6,22 @@ floats once, because share math is a ratio compared against quantized levels and
 
 GPU work is counted in GPU-equivalents (hami.md): one container's GPU use is
 `gpu x max(cores%, memory%) / 100`, so four 25 % jobs weigh one GPU, not four.
+
+A **pool** is what a Workload competes in: its ClusterQueue's cohort (every ClusterQueue of the
+cohort lends to the others), or the ClusterQueue alone when it has no cohort. A team's share is
+computed per pool, against that pool's capacity, with resource flavors kept apart ("h100:
+nvidia.com/gpu" and "a100:nvidia.com/gpu" are different dimensions).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from controller.config import Settings
 from controller.domain import (
     CPU,
     GPU,
@@ -27,7 +30,7 @@ from controller.domain import (
     GPUMEM_PERCENTAGE,
     MEMORY,
     CapacitySource,
-    ClusterSnapshot,
+    ClusterQueue,
     Container,
     InputProblem,
     LocalQueue,
@@ -38,6 +41,12 @@ from controller.domain import (
     frozen_resources,
 )
 from controller.plan import TeamShare
+from controller.usage import UsageHistory
+
+if TYPE_CHECKING:
+    from controller.config import Settings
+
+__all__ = ["UsageHistory"]
 
 GPU_DIMENSIONS = (GPU, GPUCORES, GPUMEM_PERCENTAGE)
 # Largest sane gpumem in MiB (1 TiB per card): bigger means a suffixed quantity like "8Gi",
@@ -50,6 +59,8 @@ _BUILTIN_RESOURCES = frozenset(
 )
 
 _PLAIN_RESOURCES = frozenset({CPU, MEMORY, GPU, "ephemeral-storage", "pods"})
+_GPU_RESOURCES = frozenset({GPU, GPUCORES, GPUMEM, GPUMEM_PERCENTAGE})
+UNKNOWN_POOL = "-"
 
 Vector = dict[str, float]
 
@@ -72,7 +83,8 @@ def team_of(
     job_labels: Mapping[str, str] | None = None,
 ) -> str:
     """A workload's team: its namespace (default), a label (workload, then owner Job), or its
-    LocalQueue (`namespace/queue`). Falls back to the namespace when the label is missing."""
+    LocalQueue (`namespace/queue`). Falls back to the namespace when the label is missing.
+    TEAM_NAMESPACES maps namespaces to teams (namespace mode): a source users cannot forge."""
     source = settings.team_source
     if source is TeamSource.LABEL:
         value = workload.labels.get(settings.team_label_key)
@@ -81,7 +93,7 @@ def team_of(
         return value or workload.namespace
     if source is TeamSource.LOCAL_QUEUE:
         return f"{workload.namespace}/{workload.queue_name}"
-    return workload.namespace
+    return settings.team_namespaces.get(workload.namespace, workload.namespace)
 
 
 def team_weight(team: str, settings: Settings) -> float:
@@ -121,17 +133,20 @@ def container_gpu(
 
 
 def pod_sets_gpu(
-    pod_sets: Iterable[PodSet], card_memory_mib: float | None
+    pod_sets: Iterable[PodSet], card_memory_mib: float | None, count: int | None = None
 ) -> tuple[float, float, float]:
+    """(GPU-equivalents, compute, memory) of the pod sets; `count` replaces each pod set's
+    count (what Kueue admitted of a single pod set)."""
     eq = cores = mem = 0.0
     for ps in pod_sets:
+        n = ps.count if count is None else count
         for c in ps.containers:
             if GPU not in c.resources:
                 continue
             e, k, m = container_gpu(c, card_memory_mib)
-            eq += e * ps.count
-            cores += k * ps.count
-            mem += m * ps.count
+            eq += e * n
+            cores += k * n
+            mem += m * n
     return eq, cores, mem
 
 
@@ -193,26 +208,66 @@ def resource_problems(workload: Workload, settings: Settings) -> list[tuple[Inpu
 # Usage and capacity
 
 
+def dimension(flavor: str | None, resource: str) -> str:
+    """A share dimension: the resource, qualified by its flavor when Kueue assigned one."""
+    return f"{flavor}:{resource}" if flavor else resource
+
+
+def resource_of(dim: str) -> str:
+    return dim.rpartition(":")[2]
+
+
+def pool_of(cq: ClusterQueue | None) -> str:
+    """The pool a ClusterQueue's Workloads compete in: its cohort, else itself."""
+    if cq is None:
+        return UNKNOWN_POOL
+    return f"cohort/{cq.cohort}" if cq.cohort else f"cq/{cq.name}"
+
+
+def _add(vec: Vector, dim: str, value: float) -> None:
+    vec[dim] = vec.get(dim, 0.0) + value
+
+
 def admitted_usage(w: Workload, card_memory_mib: float | None) -> Vector:
-    """Usage of an admitted workload: Kueue's reservation (`status.admission`) for ordinary
-    resources; GPU dimensions recomputed as GPU-equivalents from the pod sets, because Kueue
-    counts a 25 % container as a whole GPU."""
+    """Usage of an admitted workload: Kueue's reservation (`status.admission`), per pod set
+    assignment and flavor, for ordinary resources; GPU dimensions recomputed as GPU-equivalents
+    from the pod sets times the admitted count (a partially admitted gang is charged for what
+    was admitted), because Kueue counts a 25 % container as a whole GPU."""
     out: Vector = {}
-    if w.admission is not None:
-        for name, q in w.admission.usage.items():
-            if name in (GPU, GPUCORES, GPUMEM, GPUMEM_PERCENTAGE):
+    adm = w.admission
+    if adm is not None and adm.pod_sets:
+        specs = {ps.name: ps for ps in w.pod_sets}
+        for psa in adm.pod_sets:
+            for name, q in psa.usage.items():
+                if name not in _GPU_RESOURCES:
+                    _add(out, dimension(psa.flavors.get(name), name), float(q))
+            spec = specs.get(psa.name)
+            if spec is None:
                 continue
-            out[name] = float(q)
+            count = spec.count if psa.count is None else psa.count
+            eq, cores, mem = pod_sets_gpu((spec,), card_memory_mib, count)
+            if eq:
+                flavor = psa.flavors.get(GPU)
+                _add(out, dimension(flavor, GPU), eq)
+                _add(out, dimension(flavor, GPUCORES), cores)
+                _add(out, dimension(flavor, GPUMEM_PERCENTAGE), mem)
+        return out
+    if adm is not None:
+        for name, q in adm.usage.items():
+            if name not in _GPU_RESOURCES:
+                _add(out, dimension(adm.flavors.get(name), name), float(q))
+        flavor = adm.flavors.get(GPU)
     else:  # admitted without status.admission (reported by the parser): fall back to requests
         for ps in w.pod_sets:
             for name, q in ps.per_pod().items():
-                if name not in (GPU, GPUCORES, GPUMEM, GPUMEM_PERCENTAGE):
-                    out[name] = out.get(name, 0.0) + float(q) * ps.count
+                if name not in _GPU_RESOURCES:
+                    _add(out, name, float(q) * ps.count)
+        flavor = None
     eq, cores, mem = pod_sets_gpu(w.pod_sets, card_memory_mib)
     if eq:
-        out[GPU] = eq
-        out[GPUCORES] = cores
-        out[GPUMEM_PERCENTAGE] = mem
+        _add(out, dimension(flavor, GPU), eq)
+        _add(out, dimension(flavor, GPUCORES), cores)
+        _add(out, dimension(flavor, GPUMEM_PERCENTAGE), mem)
     return out
 
 
@@ -260,28 +315,51 @@ def card_memory(inventory: Iterable[NodeInventory], settings: Settings) -> float
     return float(settings.gpu_memory_mib) if settings.gpu_memory_mib else None
 
 
-def capacity(
-    snapshot: ClusterSnapshot, inventory: list[NodeInventory]
-) -> tuple[Vector, CapacitySource]:
-    """Cluster capacity per resource: nominal quotas of all ClusterQueues (the cohort's pool);
-    GPUs from the node inventory (healthy physical GPUs) when there is one."""
-    total: dict[str, Decimal] = {}
-    for cq in snapshot.cluster_queues:
+def pool_capacities(
+    cluster_queues: Iterable[ClusterQueue], inventory: list[NodeInventory]
+) -> tuple[dict[str, Vector], CapacitySource]:
+    """Capacity per pool and dimension: the nominal quotas of the pool's ClusterQueues, per
+    flavor. GPU compute and memory are measured in GPUs (GPU-equivalents), so their capacity
+    is the GPU count. With one pool and one GPU flavor (or none), the healthy physical GPUs of
+    the node inventory replace the GPU quota; with several, quotas (which GPUs a flavor maps
+    to is not known here)."""
+    pools: dict[str, dict[str, Decimal]] = {}
+    for cq in cluster_queues:
+        vec = pools.setdefault(pool_of(cq), {})
         for q in cq.quotas:
-            total[q.resource] = total.get(q.resource, Decimal(0)) + q.nominal
-    out: Vector = {name: float(q) for name, q in total.items()}
+            if q.resource in (GPUCORES, GPUMEM, GPUMEM_PERCENTAGE):
+                continue
+            d = dimension(q.flavor, q.resource)
+            vec[d] = vec.get(d, Decimal(0)) + q.nominal
+    out: dict[str, Vector] = {
+        pool: {d: float(q) for d, q in vec.items()} for pool, vec in pools.items()
+    }
     source = CapacitySource.QUOTA
     if inventory:
-        out[GPU] = float(sum(inv.healthy_gpus for inv in inventory))
-        source = CapacitySource.AGENT if any(
-            i.source is CapacitySource.AGENT for i in inventory
-        ) else CapacitySource.HAMI
-    # Compute and memory of GPUs are measured in GPUs too (GPU-equivalents of each).
-    gpus = out.get(GPU, 0.0)
-    out[GPUCORES] = gpus
-    out[GPUMEM_PERCENTAGE] = gpus
-    out.pop(GPUMEM, None)
+        gpus = float(sum(inv.healthy_gpus for inv in inventory))
+        if len(out) <= 1:
+            only = out.setdefault(next(iter(out)) if out else UNKNOWN_POOL, {})
+            gpu_dims = [d for d in only if resource_of(d) == GPU]
+            if len(gpu_dims) <= 1:
+                only[gpu_dims[0] if gpu_dims else GPU] = gpus
+                source = CapacitySource.AGENT if any(
+                    i.source is CapacitySource.AGENT for i in inventory
+                ) else CapacitySource.HAMI
+    for caps in out.values():
+        for d in [d for d in caps if resource_of(d) == GPU]:
+            flavor = d[: -len(GPU) - 1] if d != GPU else None
+            caps[dimension(flavor, GPUCORES)] = caps[d]
+            caps[dimension(flavor, GPUMEM_PERCENTAGE)] = caps[d]
     return out, source
+
+
+def cluster_capacity(pools: Mapping[str, Vector]) -> Vector:
+    """All pools together (Workloads whose ClusterQueue is unknown are charged against it)."""
+    total: Vector = {}
+    for vec in pools.values():
+        for d, q in vec.items():
+            _add(total, d, q)
+    return total
 
 
 # --------------------------------------------------------------------------------------------
@@ -289,17 +367,19 @@ def capacity(
 
 
 def team_share(
-    team: str, usage: Mapping[str, float], cap: Mapping[str, float], settings: Settings
+    team: str, usage: Mapping[str, float], cap: Mapping[str, float], settings: Settings,
+    pool: str = "",
 ) -> TeamShare:
-    """Weighted dominant share: max over resources of usage/capacity x resource weight,
-    divided by the team's weight. Resources with no capacity or weight are not compared."""
+    """Weighted dominant share: max over dimensions of usage/capacity x resource weight,
+    divided by the team's weight. Dimensions with no capacity or weight are not compared."""
     tw = team_weight(team, settings)
     shares: dict[str, float] = {}
     dominant: str | None = None
     best = 0.0
+    weights = settings.resource_weights
     for name in sorted(usage):
         c = cap.get(name, 0.0)
-        w = settings.resource_weights.get(name, 0.0)
+        w = weights.get(resource_of(name), 0.0)
         if c <= 0 or w <= 0:
             continue
         s = usage[name] / c * w / tw
@@ -308,105 +388,53 @@ def team_share(
             best, dominant = s, name
     return TeamShare(
         team=team,
-        usage=frozen_resources({k: Decimal(repr(v)) for k, v in sorted(usage.items())}),
-        capacity=frozen_resources({k: Decimal(repr(v)) for k, v in sorted(cap.items())}),
+        usage=frozen_resources({k: _exact(v) for k, v in sorted(usage.items())}),
+        capacity=frozen_resources({k: _exact(v) for k, v in sorted(cap.items())}),
         shares=MappingProxyType(shares),
         dominant_resource=dominant,
         dominant_share=best,
+        pool=pool,
     )
+
+
+def _exact(value: float) -> Decimal:
+    return Decimal(repr(value)) if math.isfinite(value) else Decimal(0)
 
 
 def fairness_factor(dominant_share: float, total_weight: float) -> float:
     """Slurm's classic fair-share factor 2^(-U/S) with U/S = usage over entitlement: a team's
     entitlement is weight / sum of active weights, so U/S = weighted dominant share x sum of
     weights. 1.0 = no usage, 0.5 = exactly its fair share, towards 0 above it."""
-    return math.pow(2.0, -max(dominant_share, 0.0) * max(total_weight, 1e-12))
+    exponent = max(dominant_share, 0.0) * max(total_weight, 1e-12)
+    return 0.0 if exponent > 1e4 else math.pow(2.0, -exponent)
+
+
+def fairness_level(
+    dominant_share: float, total_weight: float, settings: Settings, previous: int | None = None
+) -> int:
+    """Quantized fairness level 0..FAIRNESS_LEVELS with hysteresis: a team keeps its previous
+    level until its exact position passes that level by FAIRNESS_HYSTERESIS of a level either
+    way, so a share that hovers at a boundary does not rewrite the team's Workloads. A team
+    with no usage always has the top level."""
+    levels = settings.fairness_levels
+    exact = fairness_factor(dominant_share, total_weight) * levels
+    fresh = min(levels, math.floor(exact + 1e-9))
+    if previous is None or dominant_share <= 0 or not 0 <= previous <= levels:
+        return fresh
+    h = settings.fairness_hysteresis
+    if previous - h <= exact < previous + 1 + h:
+        return previous
+    return fresh
 
 
 def fairness_term(dominant_share: float, total_weight: float, settings: Settings) -> int:
-    """Quantized fairness points: FAIRNESS_LEVELS levels of FAIRNESS_POINTS/levels each, so
-    tiny usage changes do not change priorities (no writes)."""
-    f = fairness_factor(dominant_share, total_weight)
-    levels = settings.fairness_levels
-    level = min(levels, math.floor(f * levels + 1e-9))
-    return level * settings.fairness_points // levels
+    """Fairness points of the level (no hysteresis): level x FAIRNESS_POINTS / levels."""
+    level = fairness_level(dominant_share, total_weight, settings)
+    return level_points(level, settings)
 
 
-# --------------------------------------------------------------------------------------------
-# Decayed usage history
-
-
-@dataclass(frozen=True, slots=True)
-class UsageHistory:
-    """Exponentially decayed team usage (same units as usage): a value, stored by the live
-    controller in a ConfigMap as JSON. `advance` is pure."""
-
-    usage: Mapping[str, Mapping[str, float]] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
-    timestamp: datetime | None = None
-
-    def advance(
-        self, current: Mapping[str, Mapping[str, float]], now: datetime, half_life: float
-    ) -> UsageHistory:
-        """Blend `current` usage in: old x d + current x (1 - d), d = 2^(-dt/half_life).
-        Half-life 0 (or no earlier sample) means current usage only."""
-        fresh = {t: dict(v) for t, v in current.items()}
-        if half_life <= 0 or self.timestamp is None:
-            return UsageHistory(_freeze(fresh), now)
-        dt = max((now - self.timestamp).total_seconds(), 0.0)
-        d = math.pow(2.0, -dt / half_life)
-        out: dict[str, dict[str, float]] = {}
-        for team in sorted(set(self.usage) | set(fresh)):
-            old = self.usage.get(team, {})
-            cur = fresh.get(team, {})
-            vec = {}
-            for r in sorted(set(old) | set(cur)):
-                v = old.get(r, 0.0) * d + cur.get(r, 0.0) * (1.0 - d)
-                if v > 1e-9:
-                    vec[r] = v
-            if vec:
-                out[team] = vec
-        return UsageHistory(_freeze(out), max(now, self.timestamp))
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "version": 1,
-                "timestamp": self.timestamp.isoformat() if self.timestamp else None,
-                "usage": {t: dict(v) for t, v in sorted(self.usage.items())},
-            },
-            sort_keys=True,
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> UsageHistory:
-        """Parse what `to_json` wrote; ValueError on anything else."""
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"usage history is not JSON: {exc}") from exc
-        if not isinstance(doc, dict) or doc.get("version") != 1:
-            raise ValueError("usage history: expected an object with version 1")
-        ts_raw = doc.get("timestamp")
-        ts = datetime.fromisoformat(ts_raw) if isinstance(ts_raw, str) else None
-        usage_raw = doc.get("usage", {})
-        if not isinstance(usage_raw, dict):
-            raise ValueError("usage history: usage must be an object")
-        usage: dict[str, dict[str, float]] = {}
-        for team, vec in usage_raw.items():
-            if not isinstance(vec, dict):
-                raise ValueError(f"usage history: usage[{team!r}] must be an object")
-            usage[str(team)] = {}
-            for r, v in vec.items():
-                if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                    raise ValueError(f"usage history: usage[{team!r}][{r!r}] is not a number")
-                usage[str(team)][str(r)] = float(v)
-        return cls(_freeze(usage), ts)
-
-
-def _freeze(usage: Mapping[str, Mapping[str, float]]) -> Mapping[str, Mapping[str, float]]:
-    return MappingProxyType({t: MappingProxyType(dict(v)) for t, v in usage.items()})
+def level_points(level: int, settings: Settings) -> int:
+    return level * settings.fairness_points // settings.fairness_levels
 
 
 def local_queue_index(local_queues: Iterable[LocalQueue]) -> dict[tuple[str, str], LocalQueue]:

@@ -25,9 +25,11 @@ from controller.domain import (
     GPUMEM_PERCENTAGE,
     MEMORY,
     PriorityClass,
+    PriorityMode,
+    RequeueTimestamp,
     TeamSource,
 )
-from controller.plan import PriorityMode
+from controller.hami import NODE_POLICIES, parse_hami_version, valid_gpu_policy
 
 # Policy output range. Kueue priorities are int32; the boost stays well inside so base + boost
 # cannot overflow for any sane base (WorkloadPriorityClass values are usually < 1e6).
@@ -35,10 +37,12 @@ MAX_BOOST = 1_000_000_000
 MAX_OVERRIDE = 1_000_000_000  # wdrf.x-k8s.io/priority-override accepts 0..MAX_OVERRIDE
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
-
-NODE_POLICIES = ("binpack", "spread")
-GPU_POLICIES_BASE = ("binpack", "spread", "topology-aware")  # HAMi v2.7+
-GPU_POLICIES_2_10 = ("mutex", "numa")  # HAMi v2.10+, also chainable: "binpack,numa"
+MAX_BASE_CAP = 100_000_000
+# Weights are ratios: bounded so shares stay finite and printable (no NaN, no Infinity).
+MIN_TEAM_WEIGHT, MAX_TEAM_WEIGHT = 1e-3, 1e6
+MAX_RESOURCE_WEIGHT = 1e6
+# Aging reference instants are EPOCH + k x PRIORITY_REBASE_PERIOD (a Monday, 00:00 UTC).
+REBASE_EPOCH_ISO = "2026-01-05T00:00:00+00:00"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -119,6 +123,42 @@ def p_nonneg_int(raw: object) -> int:
     return int(f)
 
 
+def p_pos_float(raw: object) -> float:
+    f = _number(raw)
+    if f <= 0:
+        raise ValueError("must be > 0")
+    return f
+
+
+def p_fraction(raw: object) -> float:
+    f = _number(raw)
+    if not 0 <= f < 1:
+        raise ValueError("must be >= 0 and < 1")
+    return f
+
+
+def p_hysteresis(raw: object) -> float:
+    f = _number(raw)
+    if not 0 <= f <= 5:
+        raise ValueError("must be 0..5 (fractions of a fairness level)")
+    return f
+
+
+def p_base_cap(raw: object) -> int:
+    n = p_nonneg_int(raw)
+    if n > MAX_BASE_CAP:
+        raise ValueError(f"must be <= {MAX_BASE_CAP}")
+    return n
+
+
+def p_rebase_period(raw: object) -> float:
+    f = p_duration(raw)
+    if f < 3600:
+        raise ValueError("must be >= 1h (default 7d: every pending Workload is rewritten once "
+                         "per period)")
+    return f
+
+
 def p_port(raw: object) -> int:
     n = p_nonneg_int(raw)
     if n > 65535:
@@ -151,6 +191,10 @@ def _choice(*options: str) -> Callable[[object], str]:
 
 def p_priority_mode(raw: object) -> PriorityMode:
     return PriorityMode(_choice(*(m.value for m in PriorityMode))(raw))
+
+
+def p_requeue_timestamp(raw: object) -> RequeueTimestamp:
+    return RequeueTimestamp(_choice(*(t.value for t in RequeueTimestamp))(raw))
 
 
 def p_team_source(raw: object) -> TeamSource:
@@ -190,9 +234,20 @@ def p_weights(raw: object) -> Mapping[str, float]:
 def p_team_weights(raw: object) -> Mapping[str, float]:
     out = p_weights(raw)
     for k, w in out.items():
-        if w <= 0:
-            raise ValueError(f"{k}: team weight must be > 0")
+        if not MIN_TEAM_WEIGHT <= w <= MAX_TEAM_WEIGHT:
+            raise ValueError(
+                f"{k}: team weight must be {MIN_TEAM_WEIGHT:g}..{MAX_TEAM_WEIGHT:g}"
+            )
     return out
+
+
+def p_team_namespaces(raw: object) -> Mapping[str, str]:
+    out: dict[str, str] = {}
+    for k, v in _mapping(raw).items():
+        if not isinstance(k, str) or not k or not isinstance(v, str) or not v:
+            raise ValueError(f"{k!r}: expected namespace: team (non-empty strings)")
+        out[k] = v
+    return MappingProxyType(out)
 
 
 def p_priority_weights(raw: object) -> Mapping[str, int]:
@@ -216,6 +271,11 @@ def p_resource_weights(raw: object) -> Mapping[str, float]:
     out = p_weights(raw)
     if not out:
         raise ValueError("at least one resource needs a weight")
+    for k, w in out.items():
+        if w > MAX_RESOURCE_WEIGHT:
+            raise ValueError(f"{k}: resource weight must be <= {MAX_RESOURCE_WEIGHT:g}")
+    if not any(w > 0 for w in out.values()):
+        raise ValueError("at least one resource needs a weight > 0")
     return out
 
 
@@ -238,23 +298,6 @@ def p_hami_version(raw: object) -> str:
     if parse_hami_version(value) is None:
         raise ValueError("expected a HAMi version like v2.10 or v2.7.1")
     return value
-
-
-def parse_hami_version(value: str) -> tuple[int, int] | None:
-    m = re.match(r"^v?([0-9]+)\.([0-9]+)(?:\.[0-9]+)?$", value)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def valid_gpu_policy(value: str, hami_version: str) -> bool:
-    """What HAMi's GPU scheduler accepts for hami.io/gpu-scheduler-policy (see hami.md)."""
-    version = parse_hami_version(hami_version) or (2, 10)
-    if version >= (2, 10):
-        parts = value.split(",")
-        allowed = (*GPU_POLICIES_BASE, *GPU_POLICIES_2_10)
-        return bool(parts) and all(p in allowed for p in parts) and len(set(parts)) == len(parts)
-    if version >= (2, 7):
-        return value in GPU_POLICIES_BASE
-    return value in ("binpack", "spread")
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,7 +397,7 @@ class Settings:
         "PRIORITY_WEIGHTS", _DEFAULT_PRIORITY_WEIGHTS, p_priority_weights, "class weights"
     )
     priority_class_unit: int = setting(
-        "PRIORITY_CLASS_UNIT", 1020, p_pos_int, "priority points per unit of class weight"
+        "PRIORITY_CLASS_UNIT", 1500, p_pos_int, "priority points per unit of class weight"
     )
     fairness_points: int = setting(
         "FAIRNESS_POINTS", 100000, p_nonneg_int, "points for a team with zero usage"
@@ -362,13 +405,35 @@ class Settings:
     fairness_levels: int = setting(
         "FAIRNESS_LEVELS", 50, p_pos_int, "fairness factor quantization levels"
     )
+    fairness_hysteresis: float = setting(
+        "FAIRNESS_HYSTERESIS", 0.5, p_hysteresis,
+        "a team changes fairness level only past this fraction of a level beyond it",
+    )
     aging_coefficient: float = setting(
         "AGING_COEFFICIENT", 1.0, p_nonneg_float, "aging points per second waited"
     )
     max_aging_time: float = setting(
-        "MAX_AGING_TIME", 604800.0, p_duration, "aging stops growing after this wait"
+        "MAX_AGING_TIME", 604800.0, p_duration, "credited wait is capped here (at each rebase)"
     )
-    aging_step: float = setting("AGING_STEP", 300.0, p_duration, "wait is rounded down to this")
+    aging_step: float = setting(
+        "AGING_STEP", 300.0, p_duration, "ignored since priority model v2 (kept for old configs)"
+    )
+    rebase_period: float = setting(
+        "PRIORITY_REBASE_PERIOD", 604800.0, p_rebase_period,
+        "the aging reference moves (every pending Workload rewritten once) this often",
+    )
+    base_priority_cap: int = setting(
+        "BASE_PRIORITY_CAP", 0, p_base_cap,
+        "a Workload's own base priority counts at most +-this inside its class band",
+    )
+    approved_preempts_normal: bool = setting(
+        "APPROVED_PREEMPTS_NORMAL", False, p_bool,
+        "admitted normal Workloads may be preempted by approved ones (where the queue allows)",
+    )
+    requeue_timestamp: str = setting(
+        "REQUEUE_TIMESTAMP", "auto", _choice("auto", "eviction", "creation"),
+        "where a requeued Workload's wait starts (auto: Kueue's config, else eviction)",
+    )
     priority_mode: PriorityMode = setting(  # noqa: RUF009 - setting() returns a field
         "PRIORITY_MODE", PriorityMode.AUTO, p_priority_mode, "auto|boost|spec"
     )
@@ -382,6 +447,13 @@ class Settings:
     team_label_key: str = setting("TEAM_LABEL_KEY", "wdrf.x-k8s.io/team", p_str, "label key")
     team_weights: Mapping[str, float] = setting(
         "TEAM_WEIGHTS", {}, p_team_weights, "team -> weight (default 1)"
+    )
+    team_namespaces: Mapping[str, str] = setting(
+        "TEAM_NAMESPACES", {}, p_team_namespaces, "namespace -> team (default: the namespace)"
+    )
+    active_usage_cutoff: float = setting(
+        "ACTIVE_USAGE_CUTOFF", 0.001, p_fraction,
+        "a team with only decayed history counts in W while its share is above this",
     )
     usage_half_life: float = setting("USAGE_HALF_LIFE", 0.0, p_duration, "0 = current usage")
     capacity_source: str = setting(
@@ -422,31 +494,62 @@ class Settings:
     history_config_map: str = setting(
         "HISTORY_CONFIG_MAP", "wdrf-usage-history", p_str, "ConfigMap for decayed usage"
     )
+    write_budget: int = setting(
+        "WRITE_BUDGET", 1000, p_pos_int, "priority patches per cycle at most (urgent first)"
+    )
+    client_qps: float = setting("CLIENT_QPS", 50.0, p_pos_float, "apiserver requests/s")
+    client_burst: int = setting("CLIENT_BURST", 100, p_pos_int, "request burst above CLIENT_QPS")
+    cache_max_staleness: float = setting(
+        "CACHE_MAX_STALENESS", 120.0, p_duration,
+        "not ready and no writes while the Workload/ClusterQueue cache is older than this",
+    )
+    once_timeout: float = setting("ONCE_TIMEOUT", 60.0, p_duration, "--once gives up after this")
 
     # -----------------------------------------------------------------------------------------
 
     def class_weight(self, cls: PriorityClass) -> int:
         return self.priority_weights[cls.value]
 
+    def class_term(self, cls: PriorityClass) -> int:
+        """The floor of a class's band."""
+        return self.class_weight(cls) * self.priority_class_unit
+
+    def aging_span(self) -> int:
+        """Largest aging term: the cap plus one rebase period (docs/policy.md)."""
+        return math.floor(self.aging_coefficient * (self.max_aging_time + self.rebase_period))
+
+    def band_span(self) -> int:
+        """Width of every class band: base, fairness and aging terms together."""
+        return 2 * self.base_priority_cap + self.fairness_points + self.aging_span()
+
+    def guard(self, cls: PriorityClass) -> int:
+        """Priority of an admitted Workload of class `cls` where preemption can reach it:
+        strictly above every pending Workload that must not preempt it (its own class; approved
+        too for normal unless APPROVED_PREEMPTS_NORMAL), so aging and fairness never evict."""
+        protect = cls
+        if cls is PriorityClass.NORMAL and not self.approved_preempts_normal:
+            protect = PriorityClass.APPROVED
+        return self.class_term(protect) + self.band_span() + 1
+
     def max_score(self) -> int:
-        """Largest boost the formula can produce (without override)."""
-        top = max(self.priority_weights.values())
-        return int(
-            top * self.priority_class_unit
-            + self.fairness_points
-            + math.floor(self.aging_coefficient * self.max_aging_time)
-        )
+        """Largest priority the policy writes (without override): the urgent guard."""
+        return self.guard(PriorityClass.URGENT)
+
+    def urgent_preempts(self) -> bool:
+        """Does the freshest urgent Workload outrank every lower-class guard?"""
+        return self.class_term(PriorityClass.URGENT) > self.guard(PriorityClass.APPROVED)
 
     def overtake_window(self, by: PriorityClass = PriorityClass.URGENT) -> float:
         """Seconds after which a normal workload ranks above every later arrival of class `by` or
         a lower class (math.inf if aging can never close that gap before MAX_AGING_TIME). The
         default, `by=URGENT`, bounds overtaking by all later arrivals. See docs/policy.md."""
         gap = (
-            self.class_weight(by) - self.class_weight(PriorityClass.NORMAL)
-        ) * self.priority_class_unit + self.fairness_points
+            self.class_term(by) - self.class_term(PriorityClass.NORMAL)
+            + self.fairness_points + 2 * self.base_priority_cap
+        )
         if self.aging_coefficient <= 0:
             return math.inf
-        window = math.ceil(gap / self.aging_coefficient) + self.aging_step
+        window = math.ceil(gap / self.aging_coefficient) + 1
         return window if window <= self.max_aging_time else math.inf
 
     def starvation_bound(self, duration: Callable[[float], str]) -> str:
@@ -487,6 +590,16 @@ class Settings:
                 "cannot close the gap between approved and normal; a normal workload can be "
                 "overtaken indefinitely by later approved work"
             )
+        if not self.urgent_preempts():
+            out.append(
+                "urgent work cannot preempt: the urgent band starts at "
+                f"{self.class_term(PriorityClass.URGENT)}, not above the approved guard "
+                f"{self.guard(PriorityClass.APPROVED)}; raise PRIORITY_CLASS_UNIT or lower "
+                "MAX_AGING_TIME / PRIORITY_REBASE_PERIOD / FAIRNESS_POINTS"
+            )
+        if self.aging_step != 300.0:
+            out.append("AGING_STEP is ignored since priority model v2 (priorities no longer "
+                       "move with the clock); remove it from the configuration")
         return out
 
 
@@ -504,22 +617,29 @@ def _cross_check(s: Settings) -> list[tuple[str, str, str]]:
         )
     else:
         gap = min(u - a, a - n) * s.priority_class_unit
-        if gap <= s.fairness_points:
-            issues.append(
-                (
-                    "FAIRNESS_POINTS",
-                    str(s.fairness_points),
-                    f"must be < smallest class gap x PRIORITY_CLASS_UNIT = {gap}, "
-                    "or shares could reorder classes",
-                )
-            )
+        if gap <= s.fairness_points + 2 * s.base_priority_cap:
+            issues.append((
+                "FAIRNESS_POINTS", str(s.fairness_points),
+                f"FAIRNESS_POINTS + 2 x BASE_PRIORITY_CAP must be < smallest class gap x "
+                f"PRIORITY_CLASS_UNIT = {gap}, or shares could reorder classes",
+            ))
+        if s.approved_preempts_normal and not (
+            s.class_term(PriorityClass.APPROVED) > s.guard(PriorityClass.NORMAL)
+        ):
+            issues.append((
+                "APPROVED_PREEMPTS_NORMAL", "true",
+                f"needs the approved band ({s.class_term(PriorityClass.APPROVED)}) above the "
+                f"normal guard ({s.guard(PriorityClass.NORMAL)}): raise PRIORITY_CLASS_UNIT or "
+                "lower MAX_AGING_TIME, PRIORITY_REBASE_PERIOD or FAIRNESS_POINTS",
+            ))
     if s.max_score() > MAX_BOOST:
         issues.append(
             (
                 "AGING_COEFFICIENT",
                 str(s.aging_coefficient),
                 f"largest priority {s.max_score()} exceeds {MAX_BOOST} (int32 headroom); "
-                "lower PRIORITY_WEIGHTS, PRIORITY_CLASS_UNIT, AGING_COEFFICIENT or MAX_AGING_TIME",
+                "lower PRIORITY_WEIGHTS, PRIORITY_CLASS_UNIT, AGING_COEFFICIENT, MAX_AGING_TIME "
+                "or PRIORITY_REBASE_PERIOD",
             )
         )
     if s.aging_step <= 0:

@@ -31,6 +31,9 @@ SCHEDULING_POLICY_ANNOTATION = ANNOTATION_PREFIX + "scheduling-policy"
 GPU_FRACTION_ANNOTATION = ANNOTATION_PREFIX + "gpu-fraction"
 BASE_PRIORITY_ANNOTATION = ANNOTATION_PREFIX + "base-priority"
 APPLIED_PRIORITY_ANNOTATION = ANNOTATION_PREFIX + "applied-priority"
+# Why a Workload has its priority (`key=value` words), written in the same patch as the
+# priority and only when it changes; `why` reads it with namespace-scoped rights.
+PRIORITY_TERMS_ANNOTATION = ANNOTATION_PREFIX + "priority-terms"
 GPU_INVENTORY_ANNOTATION = ANNOTATION_PREFIX + "gpu-inventory"
 KUEUE_PRIORITY_BOOST_ANNOTATION = "kueue.x-k8s.io/priority-boost"
 HAMI_NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
@@ -58,6 +61,22 @@ class PriorityClass(enum.Enum):
     URGENT = "urgent"
     APPROVED = "approved"
     NORMAL = "normal"
+
+
+class PriorityMode(enum.Enum):
+    """Where the controller writes a Workload's priority."""
+
+    BOOST = "boost"  # kueue.x-k8s.io/priority-boost annotation (Kueue PriorityBoost gate)
+    SPEC = "spec"  # spec.priority, base remembered in wdrf.x-k8s.io/base-priority
+    AUTO = "auto"  # boost when the gate is on, else spec (resolved by the live controller)
+
+
+class RequeueTimestamp(enum.Enum):
+    """Kueue's `waitForPodsReady.requeuingStrategy.timestamp`: where a requeued Workload's
+    wait starts."""
+
+    EVICTION = "eviction"
+    CREATION = "creation"
 
 
 class KueueApiVersion(enum.Enum):
@@ -131,12 +150,23 @@ class PodSet:
 
 
 @dataclass(frozen=True, slots=True)
+class PodSetAssignment:
+    """One `status.admission.podSetAssignments[]` entry: what Kueue admitted of a pod set."""
+
+    name: str
+    count: int | None  # pods admitted (partial admission); None when Kueue did not say
+    usage: Resources  # resourceUsage, already x count
+    flavors: Mapping[str, str] = field(default_factory=_no_strings)  # resource -> flavor
+
+
+@dataclass(frozen=True, slots=True)
 class Admission:
     """`status.admission`: what Kueue actually reserved."""
 
     cluster_queue: str
     usage: Resources  # summed over pod sets (resourceUsage, already x count)
     flavors: Mapping[str, str] = field(default_factory=_no_strings)  # resource -> flavor
+    pod_sets: tuple[PodSetAssignment, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +189,9 @@ class Workload:
     annotations: Mapping[str, str] = field(default_factory=_no_strings)
     owner: ObjectRef | None = None  # controller owner (a batch/v1 Job, or None for pod groups)
     resource_version: str = ""
+    # When Kueue last evicted it (Evicted=True, else Requeued): its wait restarts there when
+    # Kueue's requeuingStrategy.timestamp is Eviction.
+    last_eviction: datetime | None = None
 
     @property
     def key(self) -> str:
@@ -213,7 +246,13 @@ class Preemption:
 
     @property
     def can_evict(self) -> bool:
-        return self.within_cluster_queue != "Never" or self.reclaim_within_cohort != "Never"
+        """Can a pending Workload of this ClusterQueue evict admitted ones (its own, or in its
+        cohort) by priority or reclaim?"""
+        return (
+            self.within_cluster_queue != "Never"
+            or self.reclaim_within_cohort != "Never"
+            or self.borrow_within_cohort != "Never"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,3 +324,6 @@ class ClusterSnapshot:
     # When the state was observed: the live controller's clock, or for a file the newest
     # timestamp in it (kubectl output carries no capture time). None when unknown.
     observed: datetime | None = None
+    # Kueue's requeuingStrategy.timestamp when known (the live controller reads Kueue's
+    # config); None: the REQUEUE_TIMESTAMP setting decides (Kueue's default: eviction).
+    requeue_timestamp: RequeueTimestamp | None = None

@@ -14,10 +14,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from controller.accounting import gpu_summary
-from controller.config import NODE_POLICIES, Settings, valid_gpu_policy
 from controller.domain import (
     GPU,
     GPU_FRACTION_ANNOTATION,
@@ -35,6 +34,30 @@ from controller.domain import (
     Workload,
 )
 from controller.plan import HamiDecision
+
+if TYPE_CHECKING:
+    from controller.config import Settings
+
+NODE_POLICIES = ("binpack", "spread")
+GPU_POLICIES_BASE = ("binpack", "spread", "topology-aware")  # HAMi v2.7+
+GPU_POLICIES_2_10 = ("mutex", "numa")  # HAMi v2.10+, also chainable: "binpack,numa"
+
+
+def parse_hami_version(value: str) -> tuple[int, int] | None:
+    m = re.match(r"^v?([0-9]+)\.([0-9]+)(?:\.[0-9]+)?$", value)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def valid_gpu_policy(value: str, hami_version: str) -> bool:
+    """What HAMi's GPU scheduler accepts for hami.io/gpu-scheduler-policy (see hami.md)."""
+    version = parse_hami_version(hami_version) or (2, 10)
+    if version >= (2, 10):
+        parts = value.split(",")
+        allowed = (*GPU_POLICIES_BASE, *GPU_POLICIES_2_10)
+        return bool(parts) and all(p in allowed for p in parts) and len(set(parts)) == len(parts)
+    if version >= (2, 7):
+        return value in GPU_POLICIES_BASE
+    return value in ("binpack", "spread")
 
 _FRACTION = re.compile(r"^(?:0(?:\.[0-9]+)?|1(?:\.0*)?|\.[0-9]+)$")
 

@@ -1,28 +1,34 @@
-"""The plan: what one cycle decides, per pending workload, and why.
+"""The plan: what one cycle decides, per Workload, and why.
 
 Produced by `controller.policy.compute_plan(snapshot, settings, now, history)`, a pure function.
 Consumed by the dry-run renderer, `explain`, the live applier and the trace simulator.
+
+Each decision carries `terms`, the value of the `wdrf.x-k8s.io/priority-terms` annotation the
+live controller writes in the same patch as the priority: `key=value` words saying why the
+Workload has its priority. `change_is_eventful` and `write_order` read two of them.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
-from controller.domain import InputProblem, PriorityClass, Resources
+from controller.domain import InputProblem, PriorityClass, PriorityMode, Resources
+from controller.usage import UsageHistory
 
-if TYPE_CHECKING:
-    from controller.accounting import UsageHistory
-
-
-class PriorityMode(enum.Enum):
-    BOOST = "boost"  # kueue.x-k8s.io/priority-boost annotation (Kueue PriorityBoost gate)
-    SPEC = "spec"  # spec.priority, base remembered in wdrf.x-k8s.io/base-priority
-    AUTO = "auto"  # boost when the gate is on, else spec (resolved by the live controller)
+__all__ = [
+    "HamiDecision",
+    "Plan",
+    "PriorityBreakdown",
+    "PriorityMode",
+    "TeamShare",
+    "WorkloadDecision",
+    "change_is_eventful",
+    "parse_terms",
+    "write_order",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,25 +36,42 @@ class TeamShare:
     team: str
     usage: Resources  # admitted usage (+ decayed history when enabled), GPU-equivalents for GPUs
     capacity: Resources
-    shares: Mapping[str, float]  # resource -> weighted share
+    shares: Mapping[str, float]  # resource (flavor:resource when flavored) -> weighted share
     dominant_resource: str | None
     dominant_share: float  # weighted dominant share, >= 0
+    pool: str = ""  # the cohort (or lone ClusterQueue) whose capacity the share is against
+    level: int = 0  # fairness level after hysteresis (0..FAIRNESS_LEVELS)
+    fairness_term: int = 0  # level x FAIRNESS_POINTS / FAIRNESS_LEVELS
 
 
 @dataclass(frozen=True, slots=True)
 class PriorityBreakdown:
-    """Why a workload gets its priority: every term of the formula."""
+    """Why a Workload gets its priority: every term of the encoding (docs/policy.md)."""
 
     priority_class: PriorityClass
     class_weight: int
+    class_term: int  # class weight x PRIORITY_CLASS_UNIT: the floor of the class band
     team: str
+    pool: str
     dominant_resource: str | None
     dominant_share: float
+    fairness_level: int
     fairness_term: int
-    wait_seconds: float
-    aging_term: int
+    queued_since: datetime  # creation, or the last eviction (REQUEUE_TIMESTAMP)
+    wait_seconds: float  # now - queued_since
+    reference: datetime  # aging reference (the last rebase instant)
+    aging_term: int  # AGING_COEFFICIENT x clamp(reference + period - queued_since, 0, cap + period)
+    base: int  # base priority as read (spec.priority / base-priority annotation)
+    base_term: int  # the base's contribution: BASE_PRIORITY_CAP + clamp(base, +-cap)
     override: int | None  # wdrf.x-k8s.io/priority-override, when valid
-    score: int  # the boost: what the policy adds on top of the base priority
+    priority: int  # the effective priority Kueue sees: what all the terms add up to
+    guard: bool = False  # admitted: the class guard value, not the pending encoding
+    clamped: str = ""  # why the value was clamped (int32 / boost range), empty when not
+
+    @property
+    def score(self) -> int:
+        """The policy's value before the base is subtracted (kept for renderers)."""
+        return self.priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +103,23 @@ class WorkloadDecision:
     uid: str
     cluster_queue: str | None
     team: str
-    rank: int  # planned admission position within its ClusterQueue (0 = next)
+    rank: int  # planned admission position within its ClusterQueue (0 = next); -1 admitted
     base_priority: int  # priority before this controller touched it
     current_priority: int | None  # spec.priority now
     current_boost: int | None  # priority-boost annotation now
-    target_boost: int  # boost mode: annotation value
-    target_priority: int  # spec mode: spec.priority value (= base + boost, clamped to int32)
+    target_boost: int  # boost mode: annotation value (= target_priority - base, in int32)
+    target_priority: int  # spec mode: spec.priority value; the effective priority in both
     breakdown: PriorityBreakdown | None
     hami: HamiDecision | None = None
     problems: tuple[InputProblem, ...] = ()
     # True when bad input means this workload must be left exactly as it is.
     leave_unchanged: bool = False
+    # A decision for an admitted Workload whose ClusterQueue's cohort can preempt: it gets the
+    # class guard priority, so Kueue's preemption only sees class differences. Only the
+    # priority is written (no HAMi change).
+    admitted: bool = False
+    # wdrf.x-k8s.io/priority-terms to write with the priority ("" = write nothing).
+    terms: str = ""
 
     @property
     def effective_target(self) -> int:
@@ -100,10 +129,72 @@ class WorkloadDecision:
 @dataclass(frozen=True, slots=True)
 class Plan:
     now: datetime
-    decisions: tuple[WorkloadDecision, ...]  # sorted by planned admission order
+    decisions: tuple[WorkloadDecision, ...]  # pending in planned admission order, then admitted
+    # Per team, its share in the pool where it is largest (summary for metrics and tables).
     teams: Mapping[str, TeamShare] = field(default_factory=lambda: MappingProxyType({}))
     problems: tuple[InputProblem, ...] = ()
-    warnings: tuple[str, ...] = ()  # e.g. ClusterQueues where boosts can preempt or AFS reorders
-    # Decayed usage after this cycle (controller.accounting.UsageHistory); the live controller
-    # stores it and passes it to the next compute_plan. None when USAGE_HALF_LIFE is 0.
+    warnings: tuple[str, ...] = ()  # e.g. ClusterQueues where AFS reorders
+    # Decayed usage after this cycle; the live controller stores it and passes it to the next
+    # compute_plan. None when USAGE_HALF_LIFE is 0.
     history: UsageHistory | None = None
+    # Every (pool, team) share: a team spread over several pools is charged in each.
+    pool_shares: Mapping[tuple[str, str], TeamShare] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    reference: datetime | None = None  # the aging reference of this plan (last rebase)
+
+    @property
+    def pending(self) -> tuple[WorkloadDecision, ...]:
+        return tuple(d for d in self.decisions if not d.admitted)
+
+
+# ---------------------------------------------------------------------------------------------
+# The priority-terms annotation
+
+TERMS_VERSION = "v2"
+_EVENTLESS_KEYS = frozenset({"ref", "priority", "wait"})  # moved by a rebase or the clock only
+
+
+def parse_terms(text: str | None) -> dict[str, str]:
+    """`v2 class=normal team=a ...` -> {"version": "v2", "class": "normal", ...}; tolerant:
+    unknown words are kept, malformed ones dropped, anything else gives {}."""
+    if not text:
+        return {}
+    words = text.split()
+    if not words or words[0] != TERMS_VERSION:
+        return {}
+    out = {"version": words[0]}
+    for word in words[1:]:
+        key, sep, value = word.partition("=")
+        if sep and key:
+            out[key] = value
+    return out
+
+
+def change_is_eventful(old_terms: str | None, new_terms: str) -> bool:
+    """Whether writing `new_terms` over `old_terms` deserves an Event: not when only the aging
+    reference moved (a rebase) - the relative order did not change."""
+    old, new = parse_terms(old_terms), parse_terms(new_terms)
+    if not old:
+        return True
+    return _meaningful(old) != _meaningful(new)
+
+
+def _meaningful(terms: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in terms.items() if k not in _EVENTLESS_KEYS}
+
+
+def write_order(decision: WorkloadDecision, old_terms: str | None) -> int:
+    """When the per-cycle write budget is short, apply lower numbers first: 0 = urgent work,
+    a class or override change, or an admitted guard (preemption safety); 1 = other meaningful
+    changes (fairness level, requeue, new Workload); 2 = a rebase only."""
+    b = decision.breakdown
+    old = parse_terms(old_terms)
+    new = parse_terms(decision.terms)
+    if decision.admitted or (b is not None and b.priority_class is PriorityClass.URGENT):
+        return 0
+    if old and (old.get("class") != new.get("class") or old.get("override") != new.get("override")):
+        return 0
+    if old_terms is not None and not change_is_eventful(old_terms, decision.terms):
+        return 2
+    return 1

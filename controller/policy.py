@@ -1,208 +1,501 @@
 """The WDRF priority policy: one pure, deterministic function from a snapshot to a plan.
 
-    boost = class_weight x PRIORITY_CLASS_UNIT                     (tier: urgent/approved/normal)
-          + fairness(team)   in 0..FAIRNESS_POINTS, quantized      (2^-(U/S), Slurm classic)
-          + aging(wait)      = floor(AGING_COEFFICIENT x step-floored min(wait, MAX_AGING_TIME))
-    target priority = base + boost (clamped to int32); an admin override sets it outright.
+`compute_plan` is a short pipeline of named stages, each returning dataclasses:
 
-With equal waits, classes never reorder (FAIRNESS_POINTS < class gap x unit, checked at load).
-A normal workload can only be overtaken by workloads that arrived before it, or less than
-`Settings.overtake_window(cls)` after it for an overtaking class `cls` (while it has waited
-< MAX_AGING_TIME); where that window is infinite (urgent, by default) work of that class can
-overtake it at any time. `Settings.starvation_bound()` states it. See docs/policy.md.
+    gather    deduplicate, index queues and owners, route parser problems
+    account   usage per (pool, team), capacity per pool, weighted dominant shares, fairness
+              levels with hysteresis (controller.accounting)
+    classify  class / override / base from annotations (controller.classify)
+    score     per pending Workload: class band + base term + fairness + encoded aging
+              (controller.encoding), HAMi decision; admitted Workloads that preemption can
+              reach get their class guard
+    order     Kueue's queue order, ranks per ClusterQueue, warnings
+
+Pending:  priority = class_weight x PRIORITY_CLASS_UNIT + base term + fairness + aging, where
+          aging = a x clamp(R + P - queued_since, 0, MAX_AGING_TIME + P) does not move with
+          the clock (docs/policy.md); an admin override sets the priority outright.
+Admitted: the class guard (`Settings.guard`), above every pending Workload that must not
+          preempt it, so Kueue's preemption only ever sees class differences.
 """
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
 
 from controller.accounting import (
+    UNKNOWN_POOL,
     UsageHistory,
     Vector,
     admitted_usage,
-    capacity,
     card_memory,
-    fairness_term,
+    cluster_capacity,
+    fairness_level,
     gpu_inventory,
+    level_points,
+    pool_capacities,
+    pool_of,
+    resource_of,
     resource_problems,
     team_of,
     team_share,
     team_weight,
 )
-from controller.config import INT32_MAX, INT32_MIN, MAX_OVERRIDE, Settings
+from controller.classify import Classified, clamp_int32, classify
+from controller.config import INT32_MAX, INT32_MIN, Settings
 from controller.domain import (
-    APPLIED_PRIORITY_ANNOTATION,
-    APPROVED_ANNOTATION,
-    BASE_PRIORITY_ANNOTATION,
-    KUEUE_PRIORITY_BOOST_ANNOTATION,
-    PRIORITY_OVERRIDE_ANNOTATION,
-    URGENT_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
+    ClusterQueue,
     ClusterSnapshot,
     InputProblem,
     JobInfo,
-    PriorityClass,
     TeamSource,
     Workload,
+)
+from controller.encoding import (
+    aging_term,
+    base_term,
+    guard_terms,
+    iso,
+    pending_terms,
+    queued_since,
+    reference,
+    requeue_mode,
 )
 from controller.hami import decide_hami
 from controller.plan import HamiDecision, Plan, PriorityBreakdown, TeamShare, WorkloadDecision
 
-_UNSIGNED = re.compile(r"^[0-9]{1,10}$")
-_SIGNED = re.compile(r"^-?[0-9]{1,10}$")
-_CLASS_KEYS = (URGENT_ANNOTATION, APPROVED_ANNOTATION)
-_POLICY_KEYS = frozenset({
-    URGENT_ANNOTATION, APPROVED_ANNOTATION, PRIORITY_OVERRIDE_ANNOTATION,
-    BASE_PRIORITY_ANNOTATION, KUEUE_PRIORITY_BOOST_ANNOTATION,
-})
+__all__ = ["clamp_int32", "compute_plan", "implied_base"]
 
-
-def clamp_int32(value: int) -> int:
-    return max(INT32_MIN, min(INT32_MAX, value))
+PoolTeam = tuple[str, str]
 
 
 # --------------------------------------------------------------------------------------------
-# Annotations
+# gather
 
 
-def read_class(
-    workload: Workload, job: JobInfo | None
-) -> tuple[PriorityClass, list[InputProblem]]:
-    """Class from `wdrf.x-k8s.io/urgent|approved` on the Workload and its owner Job: exactly
-    "true" sets it, exactly "false" is the explicit default, anything else is a problem.
-    The highest class any source sets wins."""
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    """The snapshot, cleaned and indexed: each Workload once, its team, pool and owner Job."""
+
+    workloads: tuple[Workload, ...]  # unfinished, deduplicated
+    jobs: Mapping[tuple[str, str], JobInfo]
+    lq_to_cq: Mapping[tuple[str, str], str]
+    queues: Mapping[str, ClusterQueue]
+    plan_problems: tuple[InputProblem, ...]
+    workload_problems: Mapping[tuple[str, str], tuple[InputProblem, ...]]
+
+
+def _version(w: Workload) -> tuple[float, int, str]:
+    rv = int(w.resource_version) if w.resource_version.isdigit() else -1
+    return (w.created.timestamp(), rv, w.uid)
+
+
+def deduplicate(workloads: Iterable[Workload]) -> tuple[list[Workload], list[InputProblem]]:
+    """Each Workload counted once: the same UID twice (keep the newest resourceVersion), or the
+    same namespace/name with two UIDs (keep the newest: Kueue recreated it). Deterministic
+    whatever the input order."""
     problems: list[InputProblem] = []
-    urgent = approved = False
-    sources: list[Workload | JobInfo] = [workload] if job is None else [workload, job]
-    for src in sources:
-        ann = src.annotations
-        for key in _CLASS_KEYS:
-            val = ann.get(key)
-            if val is None or val == "false":
-                continue
-            if val == "true":
-                if key == URGENT_ANNOTATION:
-                    urgent = True
-                else:
-                    approved = True
-                continue
-            problems.append(InputProblem(
-                src.ref, f"metadata.annotations[{key}]", val,
-                'expected exactly "true" (or "false"); the value is case- and space-sensitive',
-            ))
-    if urgent:
-        return PriorityClass.URGENT, problems
-    if approved:
-        return PriorityClass.APPROVED, problems
-    return PriorityClass.NORMAL, problems
-
-
-def read_override(
-    workload: Workload, job: JobInfo | None
-) -> tuple[int | None, list[InputProblem]]:
-    """`wdrf.x-k8s.io/priority-override`: a plain decimal integer 0..MAX_OVERRIDE (no sign,
-    exponent or spaces), from the Workload, else the owner Job."""
-    sources: list[Workload | JobInfo] = [workload] if job is None else [workload, job]
-    for src in sources:
-        val = src.annotations.get(PRIORITY_OVERRIDE_ANNOTATION)
-        if val is None:
+    by_uid: dict[str, Workload] = {}
+    no_uid: list[Workload] = []
+    for w in workloads:
+        if not w.uid:
+            no_uid.append(w)
             continue
-        if _UNSIGNED.match(val) and int(val) <= MAX_OVERRIDE:
-            return int(val), []
-        return None, [InputProblem(
-            src.ref, f"metadata.annotations[{PRIORITY_OVERRIDE_ANNOTATION}]", val,
-            f"expected a plain integer 0..{MAX_OVERRIDE} (no sign, exponent or spaces)",
-        )]
-    return None, []
+        other = by_uid.get(w.uid)
+        if other is None:
+            by_uid[w.uid] = w
+            continue
+        keep, drop = (w, other) if _version(w) > _version(other) else (other, w)
+        by_uid[w.uid] = keep
+        problems.append(InputProblem(drop.ref, "metadata.uid", w.uid,
+                                     "duplicate object in the snapshot: counted once"))
+    by_key: dict[tuple[str, str], Workload] = {}
+    for w in [*by_uid.values(), *no_uid]:
+        k = (w.namespace, w.name)
+        other = by_key.get(k)
+        if other is None:
+            by_key[k] = w
+            continue
+        keep, drop = (w, other) if _version(w) > _version(other) else (other, w)
+        by_key[k] = keep
+        problems.append(InputProblem(drop.ref, "metadata.name", w.key,
+                                     "two objects with the same namespace/name: the newest "
+                                     "is counted"))
+    return list(by_key.values()), problems
 
 
-def _int32(val: str | None) -> int | None:
-    if val is not None and _SIGNED.match(val) and INT32_MIN <= int(val) <= INT32_MAX:
-        return int(val)
-    return None
+def gather(snapshot: ClusterSnapshot) -> Gathered:
+    workloads, dup_problems = deduplicate(w for w in snapshot.workloads if not w.finished)
+    pending = {(w.namespace, w.name) for w in workloads if w.pending and w.active}
+    plan_problems: list[InputProblem] = []
+    per_workload: dict[tuple[str, str], list[InputProblem]] = {}
+    for prob in (*snapshot.problems, *dup_problems):
+        o = prob.object
+        if o is not None and o.kind == "Workload" and (o.namespace, o.name) in pending \
+                and prob.field not in ("metadata.uid", "metadata.name"):
+            per_workload.setdefault((o.namespace, o.name), []).append(prob)
+        else:
+            plan_problems.append(prob)
+    return Gathered(
+        workloads=tuple(workloads),
+        jobs=MappingProxyType({(j.namespace, j.name): j for j in snapshot.jobs}),
+        lq_to_cq=MappingProxyType(
+            {(lq.namespace, lq.name): lq.cluster_queue for lq in snapshot.local_queues}
+        ),
+        queues=MappingProxyType({cq.name: cq for cq in snapshot.cluster_queues}),
+        plan_problems=tuple(plan_problems),
+        workload_problems=MappingProxyType({k: tuple(v) for k, v in per_workload.items()}),
+    )
 
 
-def implied_base(priority: int | None, annotations: Mapping[str, str]) -> int | None:
-    """The base priority a Workload's spec.priority and annotations imply; None when
-    `wdrf.x-k8s.io/base-priority` is present but invalid.
-
-    Without a (valid) base annotation: spec.priority, else 0. With one, and a valid
-    `wdrf.x-k8s.io/applied-priority` (the spec.priority this controller last wrote):
-    spec.priority == applied -> ours, the base annotation; == base -> Kueue reset it to the
-    class value, the base annotation; anything else -> someone set a new base (a changed
-    WorkloadPriorityClass, an admin), spec.priority. Without a valid applied annotation the
-    base annotation wins, as it did before that annotation existed."""
-    val = annotations.get(BASE_PRIORITY_ANNOTATION)
-    if val is None:
-        return priority or 0
-    base = _int32(val)
-    if base is None:
+def owner_job(w: Workload, jobs: Mapping[tuple[str, str], JobInfo]) -> JobInfo | None:
+    o = w.owner
+    if o is None or o.kind != "Job":
         return None
-    applied = _int32(annotations.get(APPLIED_PRIORITY_ANNOTATION))
-    if applied is None or priority is None or priority in (applied, base):
-        return base
-    return priority
-
-
-def read_base(workload: Workload) -> tuple[int, list[InputProblem]]:
-    """Base priority, see `implied_base`. An invalid base annotation is a problem: without the
-    true base, writing spec priority would compound boosts."""
-    base = implied_base(workload.priority, workload.annotations)
-    if base is None:
-        return (workload.priority or 0), [InputProblem(
-            workload.ref, f"metadata.annotations[{BASE_PRIORITY_ANNOTATION}]",
-            workload.annotations[BASE_PRIORITY_ANNOTATION],
-            "expected a signed int32 integer",
-        )]
-    return base, []
-
-
-def read_current_boost(workload: Workload) -> tuple[int | None, list[InputProblem]]:
-    val = workload.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION)
-    if val is None:
-        return None, []
-    if _SIGNED.match(val) and INT32_MIN <= int(val) <= INT32_MAX:
-        return int(val), []
-    return None, [InputProblem(
-        workload.ref, f"metadata.annotations[{KUEUE_PRIORITY_BOOST_ANNOTATION}]", val,
-        "expected a signed int32 integer (Kueue's webhook should have rejected this)",
-    )]
+    j = jobs.get((w.namespace, o.name))
+    if j is None or (o.uid and j.uid and o.uid != j.uid):
+        return None
+    return j
 
 
 # --------------------------------------------------------------------------------------------
-# The formula
+# account
 
 
-def aging_term(wait_seconds: float, settings: Settings) -> int:
-    """Monotone in wait, constant from MAX_AGING_TIME on, changes only every AGING_STEP."""
-    capped = min(max(wait_seconds, 0.0), settings.max_aging_time)
-    stepped = math.floor(capped / settings.aging_step) * settings.aging_step
-    return math.floor(settings.aging_coefficient * stepped + 1e-9)
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One unfinished Workload with what accounting decided about it."""
+
+    workload: Workload
+    job: JobInfo | None
+    team: str
+    cluster_queue: str | None
+    pool: str
 
 
-def class_term(cls: PriorityClass, settings: Settings) -> int:
-    return settings.class_weight(cls) * settings.priority_class_unit
+@dataclass(frozen=True, slots=True)
+class Accounts:
+    pending: tuple[Member, ...]  # active, not quota-reserved
+    admitted: tuple[Member, ...]  # quota-reserved
+    shares: Mapping[PoolTeam, TeamShare]  # with level and fairness_term set
+    total_weight: Mapping[str, float]  # pool -> W
+    history: UsageHistory | None
+    card_mib: float | None
+    capacity_known: bool
 
 
-def score(cls: PriorityClass, fairness: int, wait_seconds: float, settings: Settings) -> int:
-    return class_term(cls, settings) + fairness + aging_term(wait_seconds, settings)
+def _history_key(pool: str, team: str) -> str:
+    return f"{pool}|{team}"
 
 
-def combined_usage(
-    current: Mapping[str, Mapping[str, float]], decayed: Mapping[str, Mapping[str, float]]
-) -> dict[str, dict[str, float]]:
-    """Per team and resource, the larger of current and decayed usage: last night's hog stays
-    charged this morning, and a team that starts hogging now is charged at once (a decayed
-    average alone would lag behind current usage by about a half-life)."""
-    out: dict[str, dict[str, float]] = {}
-    for team in set(current) | set(decayed):
-        cur, old = current.get(team, {}), decayed.get(team, {})
-        out[team] = {r: max(cur.get(r, 0.0), old.get(r, 0.0)) for r in set(cur) | set(old)}
+def _previous_levels(members: Iterable[Member], levels: int) -> dict[PoolTeam, int]:
+    """The level each (pool, team) had in the last plan, read back from the priority-terms
+    annotation the controller wrote on its pending Workloads (most common value; ties: the
+    lower). Pure: a restarted controller keeps its hysteresis."""
+    seen: dict[PoolTeam, Counter[int]] = {}
+    suffix = f"/{levels} "
+    for m in members:
+        text = m.workload.annotations.get(PRIORITY_TERMS_ANNOTATION)
+        if not text or f" pool={m.pool} " not in text or f" team={m.team} " not in text:
+            continue
+        start = text.find(" level=")
+        end = text.find(suffix, start)
+        if start < 0 or end < 0 or not text[start + 7:end].isdigit():
+            continue
+        seen.setdefault((m.pool, m.team), Counter())[int(text[start + 7:end])] += 1
+    return {k: min(c.items(), key=lambda kv: (-kv[1], kv[0]))[0] for k, c in seen.items()}
+
+
+def account(
+    g: Gathered, snapshot: ClusterSnapshot, settings: Settings, now: datetime,
+    history: UsageHistory | None,
+) -> Accounts:
+    inventory, _ = gpu_inventory(snapshot.nodes, settings, now)
+    card_mib = card_memory(inventory, settings)
+    capacities, _source = pool_capacities(snapshot.cluster_queues, inventory)
+    whole = cluster_capacity(capacities)
+    pool_by_cq = {name: pool_of(cq) for name, cq in g.queues.items()}
+
+    by_label = settings.team_source is TeamSource.LABEL
+    pending: list[Member] = []
+    admitted: list[Member] = []
+    current: dict[PoolTeam, Vector] = {}
+    present: set[PoolTeam] = set()
+    for w in g.workloads:
+        if w.quota_reserved:
+            cq = w.admission.cluster_queue if w.admission else g.lq_to_cq.get(
+                (w.namespace, w.queue_name))
+        elif w.active:
+            cq = g.lq_to_cq.get((w.namespace, w.queue_name))
+        else:
+            continue  # deactivated and pending: not competing, not "present"
+        pool = pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
+        job = owner_job(w, g.jobs)
+        team = team_of(w, settings, job.labels if (by_label and job) else None)
+        member = Member(w, job, team, cq, pool)
+        present.add((pool, team))
+        if w.quota_reserved:
+            admitted.append(member)
+            acc_vec = current.setdefault((pool, team), {})
+            for dim, q in admitted_usage(w, card_mib).items():
+                acc_vec[dim] = acc_vec.get(dim, 0.0) + q
+        else:
+            pending.append(member)
+
+    usage: Mapping[PoolTeam, Mapping[str, float]] = current
+    new_history: UsageHistory | None = None
+    if settings.usage_half_life > 0:
+        keyed = {_history_key(p, t): v for (p, t), v in current.items()}
+        new_history = (history or UsageHistory()).advance(keyed, now, settings.usage_half_life)
+        combined: dict[PoolTeam, dict[str, float]] = {k: dict(v) for k, v in current.items()}
+        for hkey, hvec in new_history.usage.items():
+            hpool, _, hteam = hkey.partition("|")
+            if not hteam:
+                continue  # written before pools existed: dropped (docs/policy.md)
+            mine = combined.setdefault((hpool, hteam), {})
+            for dim, q in hvec.items():
+                mine[dim] = max(mine.get(dim, 0.0), q)
+        usage = combined
+
+    shares_raw: dict[PoolTeam, TeamShare] = {}
+    active: dict[str, float] = {}
+    for pt in sorted(set(usage) | present):
+        cap = capacities.get(pt[0]) or whole
+        ts = team_share(pt[1], usage.get(pt, {}), cap, settings, pt[0])
+        shares_raw[pt] = ts
+        if pt in present or ts.dominant_share > settings.active_usage_cutoff:
+            active[pt[0]] = active.get(pt[0], 0.0) + team_weight(pt[1], settings)
+
+    previous = _previous_levels(pending, settings.fairness_levels)
+    shares: dict[PoolTeam, TeamShare] = {}
+    for pt, ts in shares_raw.items():
+        level = fairness_level(ts.dominant_share, active.get(pt[0], 0.0), settings,
+                               previous.get(pt))
+        shares[pt] = TeamShare(
+            team=ts.team, usage=ts.usage, capacity=ts.capacity, shares=ts.shares,
+            dominant_resource=ts.dominant_resource, dominant_share=ts.dominant_share,
+            pool=ts.pool, level=level, fairness_term=level_points(level, settings),
+        )
+    weighted = {resource_of(d) for vec in capacities.values() for d, q in vec.items() if q > 0}
+    return Accounts(
+        pending=tuple(pending),
+        admitted=tuple(admitted),
+        shares=MappingProxyType(shares),
+        total_weight=MappingProxyType(active),
+        history=new_history,
+        card_mib=card_mib,
+        capacity_known=any(settings.resource_weights.get(r, 0) > 0 for r in weighted),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# score
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    decision: WorkloadDecision
+    sort_key: tuple[int, float, str]  # Kueue's order: priority desc, queue time, UID
+
+
+def _boost(target: int, base: int) -> tuple[int, str]:
+    boost = target - base
+    if INT32_MIN <= boost <= INT32_MAX:
+        return boost, ""
+    return clamp_int32(boost), f"boost {boost} outside int32 (base {base}): clamped"
+
+
+def _unchanged(m: Member, c: Classified, problems: tuple[InputProblem, ...],
+               admitted: bool) -> WorkloadDecision:
+    w = m.workload
+    current = c.current_boost
+    return WorkloadDecision(
+        key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team,
+        rank=-1 if admitted else 0, base_priority=c.base, current_priority=w.priority,
+        current_boost=current, target_boost=current or 0,
+        target_priority=w.priority if w.priority is not None else c.base,
+        breakdown=None, problems=problems, leave_unchanged=True, admitted=admitted,
+    )
+
+
+def score_pending(
+    acc: Accounts, g: Gathered, snapshot: ClusterSnapshot, settings: Settings, now: datetime,
+) -> list[Scored]:
+    mode = requeue_mode(snapshot.requeue_timestamp, settings)
+    ref = reference(now, settings.rebase_period)
+    ref_ts, ref_iso = ref.timestamp(), iso(ref)
+    now_ts = now.timestamp()
+    levels = settings.fairness_levels
+    hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
+    out: list[Scored] = []
+    for m in acc.pending:
+        w, job = m.workload, m.job
+        c = classify(w, job)
+        problems: list[InputProblem] = [*g.workload_problems.get((w.namespace, w.name), ()),
+                                         *c.problems]
+        blocking = c.blocking or bool(g.workload_problems.get((w.namespace, w.name)))
+        for prob, is_blocking in resource_problems(w, settings):
+            problems.append(prob)
+            blocking = blocking or is_blocking
+        hami, p = decide_hami(w, job, c.priority_class, m.cluster_queue, settings,
+                              acc.card_mib, hami_cache)
+        if p:
+            problems += p
+            blocking = True
+        since = queued_since(w, mode)
+        since_ts = since.timestamp()
+        if blocking:
+            d = _unchanged(m, c, tuple(problems), admitted=False)
+            planned = (w.priority or 0) + (c.current_boost or 0)
+            out.append(Scored(d, (-planned, since_ts, w.uid)))
+            continue
+        ts = acc.shares[(m.pool, m.team)]
+        aging = aging_term(since_ts, ref_ts, settings)
+        if c.override is not None:
+            target = c.override
+        else:
+            target = (settings.class_term(c.priority_class) + base_term(c.base, settings)
+                      + ts.fairness_term + aging)
+        boost, clamped = _boost(target, c.base)
+        if clamped:
+            problems.append(InputProblem(w.ref, "spec.priority", str(c.base), clamped))
+        breakdown = PriorityBreakdown(
+            priority_class=c.priority_class,
+            class_weight=settings.class_weight(c.priority_class),
+            class_term=settings.class_term(c.priority_class),
+            team=m.team, pool=m.pool,
+            dominant_resource=ts.dominant_resource, dominant_share=ts.dominant_share,
+            fairness_level=ts.level, fairness_term=ts.fairness_term,
+            queued_since=since, wait_seconds=max(now_ts - since_ts, 0.0), reference=ref,
+            aging_term=aging, base=c.base, base_term=base_term(c.base, settings),
+            override=c.override, priority=target, clamped=clamped,
+        )
+        terms = pending_terms(c.priority_class, m.team, m.pool, ts.level, levels,
+                              ts.fairness_term, iso(since), ref_iso, c.base, c.override, target)
+        d = WorkloadDecision(
+            key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=0,
+            base_priority=c.base, current_priority=w.priority, current_boost=c.current_boost,
+            target_boost=boost, target_priority=target, breakdown=breakdown, hami=hami,
+            problems=tuple(problems), terms=terms,
+        )
+        out.append(Scored(d, (-target, since_ts, w.uid)))
     return out
+
+
+def preempting_pools(queues: Iterable[ClusterQueue]) -> frozenset[str]:
+    """Pools where a pending Workload can evict an admitted one: some ClusterQueue of the
+    pool preempts within itself or across the cohort (reclaim or borrow)."""
+    return frozenset(pool_of(cq) for cq in queues if cq.preemption.can_evict)
+
+
+def guard_admitted(
+    acc: Accounts, g: Gathered, settings: Settings, now: datetime
+) -> list[WorkloadDecision]:
+    """Admitted Workloads that preemption can reach get their class guard."""
+    pools = preempting_pools(g.queues.values())
+    out: list[WorkloadDecision] = []
+    for m in acc.admitted:
+        if m.pool not in pools:
+            continue
+        w = m.workload
+        c = classify(w, m.job)
+        if c.blocking:
+            out.append(_unchanged(m, c, c.problems, admitted=True))
+            continue
+        target = c.override if c.override is not None else settings.guard(c.priority_class)
+        boost, clamped = _boost(target, c.base)
+        problems = list(c.problems)
+        if clamped:
+            problems.append(InputProblem(w.ref, "spec.priority", str(c.base), clamped))
+        ts = acc.shares.get((m.pool, m.team))
+        breakdown = PriorityBreakdown(
+            priority_class=c.priority_class,
+            class_weight=settings.class_weight(c.priority_class),
+            class_term=settings.class_term(c.priority_class),
+            team=m.team, pool=m.pool,
+            dominant_resource=ts.dominant_resource if ts else None,
+            dominant_share=ts.dominant_share if ts else 0.0,
+            fairness_level=ts.level if ts else 0, fairness_term=0,
+            queued_since=w.created, wait_seconds=0.0, reference=now, aging_term=0,
+            base=c.base, base_term=0, override=c.override, priority=target, guard=True,
+            clamped=clamped,
+        )
+        out.append(WorkloadDecision(
+            key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=-1,
+            base_priority=c.base, current_priority=w.priority, current_boost=c.current_boost,
+            target_boost=boost, target_priority=target, breakdown=breakdown,
+            problems=tuple(problems), admitted=True,
+            terms=guard_terms(c.priority_class, m.team, m.pool, c.override, target),
+        ))
+    out.sort(key=lambda d: d.key)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# order
+
+
+def order(scored: list[Scored]) -> list[WorkloadDecision]:
+    """Kueue's order inside a ClusterQueue: higher priority, then earlier queue time, then
+    UID; `rank` is the position within the Workload's ClusterQueue."""
+    scored.sort(key=lambda s: s.sort_key)
+    position: dict[str | None, int] = {}
+    out: list[WorkloadDecision] = []
+    for s in scored:
+        d = s.decision
+        r = position.get(d.cluster_queue, 0)
+        position[d.cluster_queue] = r + 1
+        out.append(d if d.rank == r else _with_rank(d, r))
+    return out
+
+
+def _with_rank(d: WorkloadDecision, rank: int) -> WorkloadDecision:
+    return WorkloadDecision(
+        d.key, d.uid, d.cluster_queue, d.team, rank, d.base_priority, d.current_priority,
+        d.current_boost, d.target_boost, d.target_priority, d.breakdown, d.hami, d.problems,
+        d.leave_unchanged, d.admitted, d.terms,
+    )
+
+
+def plan_warnings(
+    g: Gathered, acc: Accounts, settings: Settings
+) -> list[str]:
+    warnings = list(settings.warnings())
+    for queue in sorted(g.queues.values(), key=lambda c: c.name):
+        if queue.preemption.within_cluster_queue == "LowerOrNewerEqualPriority":
+            warnings.append(
+                f"ClusterQueue {queue.name}: withinClusterQueue=LowerOrNewerEqualPriority: "
+                "until the next cycle re-scores it, a just-evicted Workload still carries its "
+                "class guard and may preempt a newer admitted Workload of the same class; "
+                "LowerPriority has no such window"
+            )
+        if queue.admission_fair_sharing:
+            warnings.append(
+                f"ClusterQueue {queue.name}: Admission Fair Sharing orders by LocalQueue usage "
+                "before priority, so the planned order may not hold there"
+            )
+    unknown = sum(1 for m in acc.pending if m.cluster_queue is None)
+    if unknown:
+        warnings.append(
+            f"{unknown} pending workload(s) use a LocalQueue not in the snapshot "
+            "(ClusterQueue unknown; ranked under '-', shares against the whole cluster)"
+        )
+    if not acc.capacity_known:
+        warnings.append("no capacity known for any weighted resource: all shares are 0")
+    return warnings
+
+
+def _team_summary(shares: Mapping[PoolTeam, TeamShare]) -> Mapping[str, TeamShare]:
+    """Per team, its share in the pool where it is largest (ties: the first pool by name)."""
+    best: dict[str, TeamShare] = {}
+    for (_pool, team), ts in sorted(shares.items()):
+        if team not in best or ts.dominant_share > best[team].dominant_share:
+            best[team] = ts
+    return MappingProxyType(dict(sorted(best.items())))
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,188 +507,19 @@ def compute_plan(
     now: datetime,
     history: UsageHistory | None = None,
 ) -> Plan:
-    """Decide every pending, active workload's priority and HAMi settings. Pure."""
-    lq_to_cq = {(lq.namespace, lq.name): lq.cluster_queue for lq in snapshot.local_queues}
-    jobs = {(j.namespace, j.name): j for j in snapshot.jobs}
-
-    def owner_job(w: Workload) -> JobInfo | None:
-        o = w.owner
-        if o is None or o.kind != "Job":
-            return None
-        j = jobs.get((w.namespace, o.name))
-        if j is None or (o.uid and j.uid and o.uid != j.uid):
-            return None
-        return j
-
-    inventory, _ = gpu_inventory(snapshot.nodes, settings, now)
-    card_mib = card_memory(inventory, settings)
-    cap, _cap_source = capacity(snapshot, inventory)
-
-    # Parser problems on a Workload travel with its decision (and leave it unchanged).
-    plan_problems: list[InputProblem] = []
-    parse_problems: dict[tuple[str, str], list[InputProblem]] = {}
-    pending_keys = {(w.namespace, w.name) for w in snapshot.workloads if w.pending and w.active}
-    for prob in snapshot.problems:
-        o = prob.object
-        if o is not None and o.kind == "Workload" and (o.namespace, o.name) in pending_keys:
-            parse_problems.setdefault((o.namespace, o.name), []).append(prob)
-        else:
-            plan_problems.append(prob)
-    warnings: list[str] = list(settings.warnings())
-
-    # Usage of admitted (quota-reserved, unfinished) workloads, per team.
-    current: dict[str, Vector] = {}
-    pending: list[tuple[Workload, JobInfo | None, str]] = []
-    teams_seen: set[str] = set()
-    by_label = settings.team_source is TeamSource.LABEL
-    for w in snapshot.workloads:
-        if w.finished:
-            continue
-        # The owner Job matters for pending work (class annotations) and for label teams.
-        job = owner_job(w) if (by_label or not w.quota_reserved) else None
-        team = team_of(w, settings, job.labels if job else None)
-        teams_seen.add(team)
-        if w.quota_reserved:
-            vec = current.setdefault(team, {})
-            for name, q in admitted_usage(w, card_mib).items():
-                vec[name] = vec.get(name, 0.0) + q
-        elif w.active:
-            pending.append((w, job, team))
-
-    new_history: UsageHistory | None = None
-    usage: Mapping[str, Mapping[str, float]] = current
-    if settings.usage_half_life > 0:
-        new_history = (history or UsageHistory()).advance(current, now, settings.usage_half_life)
-        usage = combined_usage(current, new_history.usage)
-        teams_seen.update(usage)
-
-    teams: dict[str, TeamShare] = {
-        t: team_share(t, usage.get(t, {}), cap, settings) for t in sorted(teams_seen)
-    }
-    total_weight = sum(team_weight(t, settings) for t in teams)
-    fair_points = {
-        t: fairness_term(ts.dominant_share, total_weight, settings) for t, ts in teams.items()
-    }
-
-    # Hot loop (10,000+ workloads): settings and per-class values read once.
-    # Enum hashing is Python-level and slow: branch on identity instead of dict lookups.
-    urgent, approved, normal = PriorityClass.URGENT, PriorityClass.APPROVED, PriorityClass.NORMAL
-    term_u, term_a, term_n = (class_term(c, settings) for c in (urgent, approved,
-                                                                 PriorityClass.NORMAL))
-    weight_u, weight_a, weight_n = (settings.class_weight(c) for c in (urgent, approved,
-                                                                       PriorityClass.NORMAL))
-    max_wait = settings.max_aging_time
-    step = settings.aging_step
-    coef = settings.aging_coefficient
-    hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
-    rows: list[tuple[tuple[int, datetime, str], tuple[Any, ...]]] = []
-    unknown_lq = 0
-    for w, job, team in pending:
-        cq = lq_to_cq.get((w.namespace, w.queue_name))
-        if cq is None:
-            unknown_lq += 1
-        problems: list[InputProblem] = list(parse_problems.get((w.namespace, w.name), ()))
-
-        ann = w.annotations
-        if (not ann or ann.keys().isdisjoint(_POLICY_KEYS)) and (
-            job is None or not job.annotations
-            or job.annotations.keys().isdisjoint(_POLICY_KEYS)
-        ):  # hot path: nothing to read, all defaults
-            cls, override, current_boost = normal, None, None
-            base = w.priority or 0
-            blocking = bool(problems)
-        else:
-            cls, p = read_class(w, job)
-            problems += p
-            override, p = read_override(w, job)
-            problems += p
-            base, p = read_base(w)
-            problems += p
-            blocking = bool(problems)
-            current_boost, p = read_current_boost(w)
-            problems += p
-        for prob, is_blocking in resource_problems(w, settings):
-            problems.append(prob)
-            blocking = blocking or is_blocking
-        hami, p = decide_hami(w, job, cls, cq, settings, card_mib, hami_cache)
-        if p:
-            problems += p
-            blocking = True
-
-        if blocking:
-            # Bad input: leave exactly what is there; rank by what Kueue sees now.
-            planned = (w.priority or 0) + (current_boost or 0)
-            args: tuple[Any, ...] = (
-                w.key, w.uid, cq, team, base, w.priority, current_boost,
-                current_boost or 0, w.priority if w.priority is not None else base,
-                None, None, tuple(problems), True,
-            )
-        else:
-            ts = teams[team]
-            fair = fair_points[team]
-            wait = (now - w.created).total_seconds()
-            if wait < 0:
-                wait = 0.0
-            # = aging_term(wait, settings), inlined
-            aging = math.floor(coef * (math.floor(min(wait, max_wait) / step) * step) + 1e-9)
-            if cls is urgent:
-                total, cweight = term_u + fair + aging, weight_u
-            elif cls is approved:
-                total, cweight = term_a + fair + aging, weight_a
-            else:
-                total, cweight = term_n + fair + aging, weight_n
-            boost = total if override is None else override - base
-            boost = INT32_MIN if boost < INT32_MIN else INT32_MAX if boost > INT32_MAX else boost
-            planned = base + boost
-            planned = (
-                INT32_MIN if planned < INT32_MIN else INT32_MAX if planned > INT32_MAX else planned
-            )
-            breakdown = PriorityBreakdown(
-                cls, cweight, team, ts.dominant_resource, ts.dominant_share,
-                fair, wait, aging, override, boost,
-            )
-            args = (
-                w.key, w.uid, cq, team, base, w.priority, current_boost, boost, planned,
-                breakdown, hami, tuple(problems), False,
-            )
-        # Kueue's order inside a ClusterQueue: higher priority, then earlier creation, then UID.
-        rows.append(((-planned, w.created, w.uid), args))
-
-    rows.sort(key=lambda row: row[0])
-    ranked: list[WorkloadDecision] = []
-    position: dict[str | None, int] = {}
-    for _, a in rows:
-        r = position.get(a[2], 0)
-        position[a[2]] = r + 1
-        # Positional: key, uid, cluster_queue, team, rank, then the rest in field order.
-        ranked.append(WorkloadDecision(a[0], a[1], a[2], a[3], r, *a[4:]))
-
-    for queue in sorted(snapshot.cluster_queues, key=lambda c: c.name):
-        if queue.preemption.can_evict:
-            warnings.append(
-                f"ClusterQueue {queue.name}: preemption withinClusterQueue="
-                f"{queue.preemption.within_cluster_queue}, reclaimWithinCohort="
-                f"{queue.preemption.reclaim_within_cohort}: raising a pending workload's priority "
-                "can evict running workloads"
-            )
-        if queue.admission_fair_sharing:
-            warnings.append(
-                f"ClusterQueue {queue.name}: Admission Fair Sharing orders by LocalQueue usage "
-                "before priority, so the planned order may not hold there"
-            )
-    if unknown_lq:
-        warnings.append(
-            f"{unknown_lq} pending workload(s) use a LocalQueue not in the snapshot "
-            "(ClusterQueue unknown; ranked under '-')"
-        )
-    if not any(cap.get(r, 0) > 0 for r in settings.resource_weights):
-        warnings.append("no capacity known for any weighted resource: all shares are 0")
-
+    """Decide every pending, active Workload's priority and HAMi settings, and the guard of
+    every admitted Workload that preemption can reach. Pure and deterministic."""
+    g = gather(snapshot)
+    acc = account(g, snapshot, settings, now, history)
+    decisions = order(score_pending(acc, g, snapshot, settings, now))
+    decisions += guard_admitted(acc, g, settings, now)
     return Plan(
         now=now,
-        decisions=tuple(ranked),
-        teams=MappingProxyType(teams),
-        problems=tuple(plan_problems),
-        warnings=tuple(warnings),
-        history=new_history,
+        decisions=tuple(decisions),
+        teams=_team_summary(acc.shares),
+        problems=g.plan_problems,
+        warnings=tuple(plan_warnings(g, acc, settings)),
+        history=acc.history,
+        pool_shares=acc.shares,
+        reference=reference(now, settings.rebase_period),
     )

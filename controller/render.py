@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,7 +51,7 @@ def current_effective(d: WorkloadDecision) -> int:
 
 
 def reason(d: WorkloadDecision) -> str:
-    """One-line why: the formula's terms, or what stopped the decision."""
+    """One-line why: the terms that add up to the planned priority, or what stopped it."""
     if d.leave_unchanged:
         first = d.problems[0] if d.problems else None
         return f"UNCHANGED: {first.field}={first.value!r}" if first else "UNCHANGED"
@@ -59,14 +60,11 @@ def reason(d: WorkloadDecision) -> str:
         return ""
     if b.override is not None:
         return f"override {b.override}"
-    share = f"{b.dominant_share:.3f}"
-    if b.dominant_resource:
-        share += f" {b.dominant_resource}"
-    class_points = b.score - b.fairness_term - b.aging_term
-    return (
-        f"{b.priority_class.value} {class_points} + fair {b.fairness_term} (share {share})"
-        f" + age {b.aging_term}"
-    )
+    if b.guard:
+        return f"{b.priority_class.value} guard: no preemption by its class"
+    base = f" + base {b.base_term}" if b.base_term else ""
+    return (f"{b.priority_class.value} {b.class_term}{base} + fair {b.fairness_term}"
+            f" + age {b.aging_term}")
 
 
 _HAMI_SHORT = {
@@ -90,6 +88,11 @@ def hami_short(d: WorkloadDecision) -> str:
     return " ".join(parts)
 
 
+def _finite(x: float) -> float:
+    """Strict JSON has no NaN or Infinity (weights are bounded; this is the last guard)."""
+    return round(x, 6) if math.isfinite(x) else 0.0
+
+
 def decision_dict(d: WorkloadDecision) -> dict[str, Any]:
     b = d.breakdown
     out: dict[str, Any] = {
@@ -97,6 +100,7 @@ def decision_dict(d: WorkloadDecision) -> dict[str, Any]:
         "uid": d.uid,
         "clusterQueue": d.cluster_queue,
         "rank": d.rank,
+        "admitted": d.admitted,
         "team": d.team,
         "basePriority": d.base_priority,
         "currentPriority": d.current_priority,
@@ -106,19 +110,28 @@ def decision_dict(d: WorkloadDecision) -> dict[str, Any]:
         "targetPriority": d.target_priority,
         "leaveUnchanged": d.leave_unchanged,
         "reason": reason(d),
+        "terms": d.terms,
     }
     if b is not None:
         out["breakdown"] = {
             "class": b.priority_class.value,
             "classWeight": b.class_weight,
+            "classTerm": b.class_term,
             "team": b.team,
+            "pool": b.pool,
             "dominantResource": b.dominant_resource,
-            "dominantShare": round(b.dominant_share, 6),
+            "dominantShare": _finite(b.dominant_share),
+            "fairnessLevel": b.fairness_level,
             "fairnessTerm": b.fairness_term,
+            "queuedSince": b.queued_since.isoformat(),
             "waitSeconds": round(b.wait_seconds, 3),
+            "reference": b.reference.isoformat(),
             "agingTerm": b.aging_term,
+            "base": b.base,
+            "baseTerm": b.base_term,
             "override": b.override,
-            "score": b.score,
+            "guard": b.guard,
+            "priority": b.priority,
         }
     if d.hami is not None:
         out["hami"] = {
@@ -136,18 +149,25 @@ def decision_dict(d: WorkloadDecision) -> dict[str, Any]:
 
 def team_dict(t: TeamShare) -> dict[str, Any]:
     return {
-        "usage": {k: float(v) for k, v in t.usage.items()},
-        "shares": {k: round(v, 6) for k, v in t.shares.items()},
+        "pool": t.pool,
+        "usage": {k: _finite(float(v)) for k, v in t.usage.items()},
+        "shares": {k: _finite(v) for k, v in t.shares.items()},
         "dominantResource": t.dominant_resource,
-        "dominantShare": round(t.dominant_share, 6),
+        "dominantShare": _finite(t.dominant_share),
+        "fairnessLevel": t.level,
+        "fairnessTerm": t.fairness_term,
     }
 
 
 def plan_dict(plan: Plan) -> dict[str, Any]:
     return {
         "now": plan.now.isoformat(),
+        "reference": plan.reference.isoformat() if plan.reference else None,
         "decisions": [decision_dict(d) for d in plan.decisions],
         "teams": {name: team_dict(t) for name, t in sorted(plan.teams.items())},
+        "poolShares": [
+            {"team": team, **team_dict(t)} for (_pool, team), t in sorted(plan.pool_shares.items())
+        ],
         "problems": [str(p) for p in plan.problems],
         "warnings": list(plan.warnings),
     }
@@ -161,59 +181,104 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_table(plan: Plan, settings: Settings | None = None) -> str:
-    header = ["#", "CLUSTERQUEUE", "WORKLOAD", "TEAM", "CLASS", "WAIT", "PRIORITY NOW->PLAN",
-              "BOOST NOW->PLAN", "HAMI", "WHY"]
-    rows = [header]
-    for d in plan.decisions:
+TABLE_WIDTH = 120
+
+
+def _fit(text: str, width: int) -> str:
+    """Shorten in the middle: both a namespace and a name's hash suffix stay readable."""
+    if len(text) <= width:
+        return text
+    keep = width - 1
+    return text[: keep - keep // 2] + "~" + text[len(text) - keep // 2:]
+
+
+def _decision_rows(decisions: list[WorkloadDecision]) -> list[list[str]]:
+    rows = [["#", "WORKLOAD", "TEAM", "WAIT", "PRIORITY NOW->PLAN", "WHY"]]
+    for d in decisions:
         b = d.breakdown
-        cls = b.priority_class.value if b else "-"
-        wait = _duration(b.wait_seconds) if b else "-"
         now_eff = current_effective(d)
         changed = "" if (now_eff == d.target_priority or d.leave_unchanged) else " *"
-        hami = hami_short(d)
+        wait = "adm" if d.admitted else (_duration(b.wait_seconds) if b else "-")
         rows.append([
-            str(d.rank),
-            d.cluster_queue or "-",
-            d.key,
-            d.team,
-            cls,
-            wait,
-            f"{now_eff} -> {d.target_priority}{changed}",
-            f"{_opt(d.current_boost)} -> {d.target_boost}",
-            hami,
-            reason(d),
+            "-" if d.admitted else str(d.rank), d.key, d.team, wait,
+            f"{now_eff} -> {d.target_priority}{changed}", reason(d),
         ])
-    out = [f"Plan at {plan.now.isoformat()}: {len(plan.decisions)} pending workload(s)"
-           " in planned admission order (# = position in its ClusterQueue; * = will change)"]
-    out.append(_table(rows) if plan.decisions else "(no pending workloads)")
+    return rows
+
+
+def _fitted_table(rows: list[list[str]], squeeze: tuple[tuple[int, int], ...]) -> str:
+    """A table at most TABLE_WIDTH wide: the `squeeze` (column, narrowest) columns are
+    shortened in that order, then lines are cut."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    over = sum(widths) + 2 * (len(widths) - 1) - TABLE_WIDTH
+    for col, narrowest in squeeze:
+        if over <= 0:
+            break
+        cut = min(over, max(widths[col] - narrowest, 0))
+        widths[col] -= cut
+        over -= cut
+    lines = []
+    for r in rows:
+        cells = [_fit(c, w) for c, w in zip(r, widths, strict=True)]
+        line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+        lines.append(line if len(line) <= TABLE_WIDTH else line[: TABLE_WIDTH - 1] + "~")
+    return "\n".join(lines)
+
+
+def render_table(plan: Plan, settings: Settings | None = None) -> str:
+    pending = [d for d in plan.decisions if not d.admitted]
+    guarded = [d for d in plan.decisions if d.admitted]
+    out = [f"Plan at {plan.now.isoformat()}: {len(pending)} pending workload(s) in planned "
+           "admission order per ClusterQueue", "(# = position; * = will change; adm = admitted, "
+           "given its class guard so that only a higher class may preempt it)"]
+    by_queue: dict[str, list[WorkloadDecision]] = {}
+    for d in [*pending, *guarded]:
+        by_queue.setdefault(d.cluster_queue or "-", []).append(d)
+    if not by_queue:
+        out.append("(no pending workloads)")
+    for queue in sorted(by_queue):
+        ds = by_queue[queue]
+        n_pending = sum(1 for d in ds if not d.admitted)
+        out.append("")
+        out.append(f"ClusterQueue {queue}: {n_pending} pending, {len(ds) - n_pending} admitted")
+        out.append(_fitted_table(_decision_rows(ds), squeeze=((5, 48), (1, 30), (2, 12), (5, 20))))
+        for d in ds:
+            h = hami_short(d)
+            if h != "-":
+                out.append(_fit(f"  HAMi {d.key}: {h}", TABLE_WIDTH))
     if plan.teams:
         out.append("")
-        out.append("Teams (weighted dominant share):")
-        trows = [["TEAM", "DOMINANT", "SHARE", "SHARES"]]
-        for name, t in sorted(plan.teams.items(), key=lambda kv: (kv[1].dominant_share, kv[0])):
-            shares = ", ".join(f"{k}={v:.3f}" for k, v in sorted(t.shares.items()) if v)
-            trows.append([name, t.dominant_resource or "-", f"{t.dominant_share:.3f}",
-                          shares or "-"])
-        out.append(_table(trows))
+        out.append("Teams (weighted dominant share per pool; fairness level of "
+                   f"{settings.fairness_levels if settings else '?'}):")
+        trows = [["TEAM", "POOL", "DOMINANT", "SHARE", "LEVEL", "FAIR"]]
+        for (pool, team), t in sorted(plan.pool_shares.items(),
+                                      key=lambda kv: (kv[0][0], kv[1].dominant_share, kv[0][1])):
+            trows.append([team, pool, t.dominant_resource or "-", f"{t.dominant_share:.3f}",
+                          str(t.level), str(t.fairness_term)])
+        out.append(_fitted_table(trows, squeeze=((1, 16), (2, 16), (0, 16))))
     problems = [p for d in plan.decisions for p in d.problems] + list(plan.problems)
     if problems:
         out.append("")
         out.append(f"Problems ({len(problems)}):")
-        out += [f"  - {p}" for p in problems]
+        out += [_wrap(f"- {p}") for p in problems]
     if plan.warnings:
         out.append("")
         out.append("Warnings:")
-        out += [f"  - {w}" for w in plan.warnings]
+        out += [_wrap(f"- {w}") for w in plan.warnings]
     if settings is not None:
         out.append("")
-        out.append(f"Starvation bound: {settings.starvation_bound(_duration_up)}")
+        out.append(_wrap(f"Starvation bound: {settings.starvation_bound(_duration_up)}", ""))
     return "\n".join(out)
+
+
+def _wrap(text: str, indent: str = "  ") -> str:
+    return textwrap.fill(text, TABLE_WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_long_words=True, break_on_hyphens=False)
 
 
 def render(plan: Plan, output: str, settings: Settings | None = None) -> str:
     if output == "json":
-        return json.dumps(plan_dict(plan), indent=2, sort_keys=False)
+        return json.dumps(plan_dict(plan), indent=2, sort_keys=False, allow_nan=False)
     if output == "yaml":
         return yaml.safe_dump(plan_dict(plan), sort_keys=False, default_flow_style=False)
     return render_table(plan, settings)
@@ -259,12 +324,14 @@ def explain(plan: Plan, key: str, settings: Settings) -> str:
     """The breakdown for one workload and why it ranks where it does against its neighbours."""
     d = find_decision(plan, key)
     if d is None:
-        return f"{key}: not a pending workload in this snapshot"
+        return f"{key}: not a Workload this plan decides (pending, or admitted where preemption "\
+            "can reach it) in this snapshot"
     lines = [f"Workload {d.key} (uid {d.uid or '-'})"]
     lines.append(f"  ClusterQueue:   {d.cluster_queue or '(unknown LocalQueue)'}  "
                  f"planned position {d.rank}")
     lines.append(f"  Team:           {d.team}")
-    t = plan.teams.get(d.team)
+    t = plan.pool_shares.get((d.breakdown.pool, d.team)) if d.breakdown else None
+    t = t or plan.teams.get(d.team)
     if t is not None:
         for r in sorted(t.shares):
             used = _amount(r, float(t.usage.get(r, 0)))
@@ -279,22 +346,28 @@ def explain(plan: Plan, key: str, settings: Settings) -> str:
         lines.append(
             f"  Current priority {_opt(d.current_priority)}, boost {_opt(d.current_boost)}"
         )
+    elif b.guard:
+        lines.append(f"  Admitted, class {b.priority_class.value}: guard {b.priority} - above "
+                     "every pending Workload that must not preempt it (its own class"
+                     + ("" if b.priority_class.value != "normal" or
+                        settings.approved_preempts_normal else ", and approved") + ")")
     else:
-        lines.append(f"  Class:          {b.priority_class.value} (weight {b.class_weight} x "
-                     f"{settings.priority_class_unit} = "
-                     f"{b.class_weight * settings.priority_class_unit})")
-        lines.append(f"  Fairness:       {b.fairness_term} of {settings.fairness_points} "
-                     f"(lower share -> more points)")
+        lines.append(f"  Class:          {b.priority_class.value} {b.class_term} (weight "
+                     f"{b.class_weight} x {settings.priority_class_unit})")
+        if b.base_term:
+            lines.append(f"  Base:           {b.base_term} (base priority {b.base} counted "
+                         f"within +-{settings.base_priority_cap}, shifted by the cap)")
+        lines.append(f"  Fairness:       {b.fairness_term} = level {b.fairness_level} of "
+                     f"{settings.fairness_levels} (pool {b.pool}; lower share -> more points)")
         capped = " (capped)" if b.wait_seconds >= settings.max_aging_time else ""
-        lines.append(f"  Aging:          {b.aging_term} after waiting {_duration(b.wait_seconds)}"
-                     f"{capped} ({settings.aging_coefficient:g}/s, step "
-                     f"{_duration(settings.aging_step)}, cap {_duration(settings.max_aging_time)})")
+        lines.append(f"  Aging:          {b.aging_term}: queued since "
+                     f"{b.queued_since.isoformat()} (waited {_duration(b.wait_seconds)}{capped}),"
+                     f" {settings.aging_coefficient:g}/s counted from reference "
+                     f"{b.reference.isoformat()} + {_duration(settings.rebase_period)}")
         if b.override is not None:
             lines.append(f"  Override:       {b.override} (wdrf.x-k8s.io/priority-override)")
-        lines.append(f"  Base priority:  {d.base_priority}")
-        lines.append(f"  Boost:          {d.target_boost} (now {_opt(d.current_boost)})")
-        lines.append(f"  Priority:       {d.target_priority} = base + boost "
-                     f"(now {current_effective(d)})")
+        lines.append(f"  Priority:       {d.target_priority} (now {current_effective(d)}); "
+                     f"boost mode writes {d.target_boost} over base {d.base_priority}")
         for p in d.problems:
             lines.append(f"  Note: {p}")
     if d.hami is not None:
@@ -305,7 +378,9 @@ def explain(plan: Plan, key: str, settings: Settings) -> str:
         lines.append(f"    from: {d.hami.reason or '-'}")
         for c in d.hami.changes:
             lines.append(f"    change: {c}")
-    same = [x for x in plan.decisions if x.cluster_queue == d.cluster_queue]
+    same = [x for x in plan.decisions if x.cluster_queue == d.cluster_queue and not x.admitted]
+    if d.admitted:
+        return "\n".join(lines)
     idx = same.index(d)
     if idx > 0:
         ahead = same[idx - 1]

@@ -1,0 +1,173 @@
+"""The classify stage: what a Workload's own annotations (and its owner's) say about it.
+
+Class (`wdrf.x-k8s.io/urgent|approved`), admin override, base priority and the boost Kueue sees
+now. Pure functions over domain objects; bad values are `InputProblem`s, never exceptions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from controller.config import INT32_MAX, INT32_MIN, MAX_OVERRIDE
+from controller.domain import (
+    APPLIED_PRIORITY_ANNOTATION,
+    APPROVED_ANNOTATION,
+    BASE_PRIORITY_ANNOTATION,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_OVERRIDE_ANNOTATION,
+    URGENT_ANNOTATION,
+    InputProblem,
+    JobInfo,
+    PriorityClass,
+    Workload,
+)
+
+_UNSIGNED = re.compile(r"^[0-9]{1,10}$")
+_SIGNED = re.compile(r"^-?[0-9]{1,10}$")
+_CLASS_KEYS = (URGENT_ANNOTATION, APPROVED_ANNOTATION)
+_POLICY_KEYS = frozenset({
+    URGENT_ANNOTATION, APPROVED_ANNOTATION, PRIORITY_OVERRIDE_ANNOTATION,
+    BASE_PRIORITY_ANNOTATION, KUEUE_PRIORITY_BOOST_ANNOTATION,
+})
+
+def clamp_int32(value: int) -> int:
+    return max(INT32_MIN, min(INT32_MAX, value))
+
+
+# --------------------------------------------------------------------------------------------
+# Annotations
+
+
+def read_class(
+    workload: Workload, job: JobInfo | None
+) -> tuple[PriorityClass, list[InputProblem]]:
+    """Class from `wdrf.x-k8s.io/urgent|approved` on the Workload and its owner Job: exactly
+    "true" sets it, exactly "false" is the explicit default, anything else is a problem.
+    The highest class any source sets wins."""
+    problems: list[InputProblem] = []
+    urgent = approved = False
+    sources: list[Workload | JobInfo] = [workload] if job is None else [workload, job]
+    for src in sources:
+        ann = src.annotations
+        for key in _CLASS_KEYS:
+            val = ann.get(key)
+            if val is None or val == "false":
+                continue
+            if val == "true":
+                if key == URGENT_ANNOTATION:
+                    urgent = True
+                else:
+                    approved = True
+                continue
+            problems.append(InputProblem(
+                src.ref, f"metadata.annotations[{key}]", val,
+                'expected exactly "true" (or "false"); the value is case- and space-sensitive',
+            ))
+    if urgent:
+        return PriorityClass.URGENT, problems
+    if approved:
+        return PriorityClass.APPROVED, problems
+    return PriorityClass.NORMAL, problems
+
+
+def read_override(
+    workload: Workload, job: JobInfo | None
+) -> tuple[int | None, list[InputProblem]]:
+    """`wdrf.x-k8s.io/priority-override`: a plain decimal integer 0..MAX_OVERRIDE (no sign,
+    exponent or spaces), from the Workload, else the owner Job."""
+    sources: list[Workload | JobInfo] = [workload] if job is None else [workload, job]
+    for src in sources:
+        val = src.annotations.get(PRIORITY_OVERRIDE_ANNOTATION)
+        if val is None:
+            continue
+        if _UNSIGNED.match(val) and int(val) <= MAX_OVERRIDE:
+            return int(val), []
+        return None, [InputProblem(
+            src.ref, f"metadata.annotations[{PRIORITY_OVERRIDE_ANNOTATION}]", val,
+            f"expected a plain integer 0..{MAX_OVERRIDE} (no sign, exponent or spaces)",
+        )]
+    return None, []
+
+
+def _int32(val: str | None) -> int | None:
+    if val is not None and _SIGNED.match(val) and INT32_MIN <= int(val) <= INT32_MAX:
+        return int(val)
+    return None
+
+
+def implied_base(priority: int | None, annotations: Mapping[str, str]) -> int | None:
+    """The base priority a Workload's spec.priority and annotations imply; None when
+    `wdrf.x-k8s.io/base-priority` is present but invalid.
+
+    Without a (valid) base annotation: spec.priority, else 0. With one, and a valid
+    `wdrf.x-k8s.io/applied-priority` (the spec.priority this controller last wrote):
+    spec.priority == applied -> ours, the base annotation; == base -> Kueue reset it to the
+    class value, the base annotation; anything else -> someone set a new base (a changed
+    WorkloadPriorityClass, an admin), spec.priority. Without a valid applied annotation the
+    base annotation wins, as it did before that annotation existed."""
+    val = annotations.get(BASE_PRIORITY_ANNOTATION)
+    if val is None:
+        return priority or 0
+    base = _int32(val)
+    if base is None:
+        return None
+    applied = _int32(annotations.get(APPLIED_PRIORITY_ANNOTATION))
+    if applied is None or priority is None or priority in (applied, base):
+        return base
+    return priority
+
+
+def read_base(workload: Workload) -> tuple[int, list[InputProblem]]:
+    """Base priority, see `implied_base`. An invalid base annotation is a problem: without the
+    true base, writing spec priority would compound boosts."""
+    base = implied_base(workload.priority, workload.annotations)
+    if base is None:
+        return (workload.priority or 0), [InputProblem(
+            workload.ref, f"metadata.annotations[{BASE_PRIORITY_ANNOTATION}]",
+            workload.annotations[BASE_PRIORITY_ANNOTATION],
+            "expected a signed int32 integer",
+        )]
+    return base, []
+
+
+def read_current_boost(workload: Workload) -> tuple[int | None, list[InputProblem]]:
+    val = workload.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION)
+    if val is None:
+        return None, []
+    if _SIGNED.match(val) and INT32_MIN <= int(val) <= INT32_MAX:
+        return int(val), []
+    return None, [InputProblem(
+        workload.ref, f"metadata.annotations[{KUEUE_PRIORITY_BOOST_ANNOTATION}]", val,
+        "expected a signed int32 integer (Kueue's webhook should have rejected this)",
+    )]
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class Classified:
+    """What one Workload's annotations say, and what was wrong with them."""
+
+    priority_class: PriorityClass
+    override: int | None
+    base: int
+    current_boost: int | None
+    problems: tuple[InputProblem, ...]
+    blocking: bool  # a problem in what the policy reads: leave the Workload unchanged
+
+
+
+def classify(workload: Workload, job: JobInfo | None) -> Classified:
+    ann = workload.annotations
+    if (not ann or ann.keys().isdisjoint(_POLICY_KEYS)) and (
+        job is None or not job.annotations or job.annotations.keys().isdisjoint(_POLICY_KEYS)
+    ):  # hot path: nothing to read, all defaults
+        return Classified(PriorityClass.NORMAL, None, workload.priority or 0, None, (), False)
+    cls, p1 = read_class(workload, job)
+    override, p2 = read_override(workload, job)
+    base, p3 = read_base(workload)
+    boost, p4 = read_current_boost(workload)
+    blocking = bool(p1 or p2 or p3)
+    return Classified(cls, override, base, boost, (*p1, *p2, *p3, *p4), blocking)
