@@ -32,6 +32,7 @@ from controller.sim.packing import BINPACK, SPREAD, Cluster, Placement
 from controller.sim.trace import PCT, SimJob
 
 if TYPE_CHECKING:
+    from controller.sim.kueue import Eviction
     from controller.sim.policies import Policy
 
 Key = tuple[float, ...]
@@ -126,6 +127,11 @@ class SimResult:
     makespan: float
     overcommit_checks: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    # Kueue model (controller/sim/kueue.py) only:
+    evictions: list[Eviction] = field(default_factory=list)
+    lost: float = 0.0  # GPU-percent-seconds of work lost to preemption
+    quota_admissions: list[int] = field(default_factory=list)  # per job: quota reservations
+    job_writes: list[int] = field(default_factory=list)  # per job: priority writes
 
 
 class Simulation:

@@ -23,7 +23,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from controller.accounting import UsageHistory
 from controller.config import SETTING_FIELDS, Settings
@@ -51,6 +51,9 @@ from controller.sim.trace import PCT, SimJob
 
 if TYPE_CHECKING:
     from controller.sim.engine import Key, Simulation
+    from controller.sim.kueue import KueueSim
+
+    AnySim: TypeAlias = Simulation | KueueSim
 
 STATIC_PRIORITY = {PriorityClass.URGENT: 1000, PriorityClass.APPROVED: 100, PriorityClass.NORMAL: 1}
 
@@ -82,18 +85,24 @@ class Policy:
     def __init__(self) -> None:
         self.writes = 0
         self.write_times: list[float] = []
-        self._sim: Simulation | None = None
+        self.job_writes: list[int] = []
+        self._sim: AnySim | None = None
 
     @property
-    def sim(self) -> Simulation:
+    def sim(self) -> AnySim:
         if self._sim is None:
             raise RuntimeError("policy used before reset()")
         return self._sim
 
-    def reset(self, sim: Simulation) -> None:
+    def reset(self, sim: AnySim) -> None:
         self._sim = sim
         self.writes = 0
         self.write_times = []
+        self.job_writes = [0] * len(sim.jobs)
+
+    def priority(self, job: SimJob) -> int:
+        """The job's effective Kueue priority now (pending or admitted)."""
+        return 0
 
     def job_key(self, job: SimJob) -> Key:
         return (job.submit, job.job_id)
@@ -117,6 +126,9 @@ class Policy:
     def on_release(self, job: SimJob, now: float) -> None:
         pass
 
+    def on_evict(self, job: SimJob, now: float, reason: str) -> None:
+        """An admitted job was evicted (Kueue model): it is pending again."""
+
     def tick(self, now: float) -> bool:
         """One controller cycle; True when any pending job's order key changed."""
         return False
@@ -139,8 +151,18 @@ class StaticClasses(Policy):
     name = "Static classes"
     description = "urgent/approved/normal as fixed priorities 1000/100/1; no fairness, no aging"
 
+    def __init__(self, name: str | None = None, description: str | None = None) -> None:
+        super().__init__()
+        if name:
+            self.name = name
+        if description:
+            self.description = description
+
     def job_key(self, job: SimJob) -> Key:
         return (-STATIC_PRIORITY[job.cls], job.submit, job.job_id)
+
+    def priority(self, job: SimJob) -> int:
+        return STATIC_PRIORITY[job.cls]
 
 
 class AfsModel(Policy):
@@ -161,7 +183,7 @@ class AfsModel(Policy):
         self.last_sample = 0.0
         self.alpha = 1.0 - math.pow(0.5, sampling / half_life)
 
-    def reset(self, sim: Simulation) -> None:
+    def reset(self, sim: AnySim) -> None:
         super().reset(sim)
         self.consumed = {t: 0.0 for t in sim.teams}
         self.last_sample = 0.0
@@ -171,6 +193,9 @@ class AfsModel(Policy):
 
     def team_key(self, team: str) -> float:
         return self.consumed[team]
+
+    def priority(self, job: SimJob) -> int:
+        return STATIC_PRIORITY[job.cls]
 
     def advance(self, now: float) -> None:
         steps = int((now - self.last_sample) // self.sampling)
@@ -242,7 +267,7 @@ class Wdrf(Policy):
         self._reset_state()
 
     def _reset_state(self) -> None:
-        self.priority: dict[int, int] = {}
+        self.targets: dict[int, int] = {}
         self.fair: dict[str, int | None] = {}
         self.hami: dict[int, tuple[str, str]] = {}
         self.by_key: dict[str, int] = {}
@@ -257,7 +282,7 @@ class Wdrf(Policy):
         self.history: UsageHistory | None = None
 
     # -- domain objects ------------------------------------------------------------------------
-    def reset(self, sim: Simulation) -> None:
+    def reset(self, sim: AnySim) -> None:
         super().reset(sim)
         self._reset_state()
         self.plan_calls = 0
@@ -323,7 +348,7 @@ class Wdrf(Policy):
     # -- engine hooks --------------------------------------------------------------------------
     def job_key(self, job: SimJob) -> Key:
         # Kueue: higher effective priority first, then creation time (then UID).
-        return (-self.priority.get(job.job_id, 0), job.submit, job.job_id)
+        return (-self.targets.get(job.job_id, 0), job.submit, job.job_id)
 
     def packing(self, job: SimJob) -> tuple[str, str]:
         return self.hami.get(job.job_id) or super().packing(job)
@@ -342,7 +367,7 @@ class Wdrf(Policy):
         w = self.pending_wl.pop(jid)
         del self.pending_by_team[job.team][jid]
         self.new.discard(jid)
-        self.priority.pop(jid, None)
+        self.targets.pop(jid, None)
         self.hami.pop(jid, None)
         self.usage_changed.add(job.team)
         if not self.incremental:
@@ -395,11 +420,11 @@ class Wdrf(Policy):
                     moved.add(d.team)
                     self.fair[d.team] = f
             target = d.target_priority
-            if self.priority.get(jid, d.base_priority) != target:
+            if self.targets.get(jid, d.base_priority) != target:
                 self.writes += 1
                 self.write_times.append(now)
                 changed = True
-            self.priority[jid] = target
+            self.targets[jid] = target
             if d.hami is not None and (d.hami.node_policy or d.hami.gpu_policy):
                 default = super().packing(self.sim.jobs[jid])
                 self.hami[jid] = (

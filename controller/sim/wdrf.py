@@ -1,0 +1,306 @@
+"""WDRF in the Kueue model: `controller.policy.compute_plan` on a snapshot of the whole simulated
+cluster, applied as the live controller applies it.
+
+Every evaluated controller cycle (one `LOOP_INTERVAL` tick after anything changed, see
+`KueueSim._next_tick`) builds a `ClusterSnapshot` of the Kueue model: its ClusterQueues (with the
+model's preemption settings, cohort and Fair Sharing weight), one LocalQueue per team, every
+pending Workload (with `last_eviction` after an eviction) and every admitted one (with
+`status.admission` on its ClusterQueue). The plan's decisions, pending *and* admitted, are then
+written back onto the simulated Workloads exactly as the live controller patches them (boost
+mode: the `kueue.x-k8s.io/priority-boost` annotation, plus `wdrf.x-k8s.io/priority-terms` when
+the plan gives one), and Kueue's model orders and preempts by the written effective priority.
+An admitted Workload the plan does not decide about keeps the priority it had when admitted
+(Kueue keeps what is written). A write is one patch of one Workload: counted when the priority
+or the terms annotation changes.
+
+Only the plan's public outputs are used (`target_priority`, `target_boost`, `terms`, `admitted`,
+`hami`), so this follows the policy whatever its formula.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime, timedelta
+from decimal import Decimal
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from controller.config import Settings
+from controller.domain import (
+    APPROVED_ANNOTATION,
+    GPU,
+    GPUCORES,
+    GPUMEM_PERCENTAGE,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    URGENT_ANNOTATION,
+    Admission,
+    ClusterQueue,
+    ClusterSnapshot,
+    Container,
+    KueueApiVersion,
+    LocalQueue,
+    PodSet,
+    Preemption,
+    PriorityClass,
+    ResourceQuota,
+    Workload,
+    frozen_resources,
+)
+from controller.policy import compute_plan
+from controller.sim.policies import Policy, describe_settings
+from controller.sim.trace import PCT, SimJob
+
+if TYPE_CHECKING:
+    from controller.sim.policies import AnySim
+
+TERMS_ANNOTATION = "wdrf.x-k8s.io/priority-terms"
+COHORT_NAME = "all-teams"
+FLAVOR = "default-flavor"
+
+
+class WdrfKueue(Policy):
+    """The controller's `compute_plan` every cycle on the Kueue model's whole cluster."""
+
+    controller = True
+
+    def __init__(self, settings: Settings, epoch: datetime, name: str = "WDRF",
+                 aggregate_admitted: bool = True) -> None:
+        super().__init__()
+        self.settings = settings
+        self.aggregate_admitted = aggregate_admitted
+        self.epoch = epoch
+        self.name = name
+        self.description = "controller.policy.compute_plan every LOOP_INTERVAL, " + (
+            describe_settings(settings)
+        )
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self.prio: dict[int, int] = {}
+        self.wl: dict[int, Workload] = {}
+        self.by_key: dict[str, int] = {}
+        self.hami: dict[int, tuple[str, str]] = {}
+        self.history: object | None = None
+        self.plan_calls = 0
+        self.plan_seconds = 0.0
+        self.plan_workloads = 0
+        self.problems = 0
+        self.cq_objs: tuple[ClusterQueue, ...] = ()
+        self.lqs: tuple[LocalQueue, ...] = ()
+        self.dirty = True
+        self.agg_cache: dict[tuple[str, str, PriorityClass], tuple[int, Workload]] = {}
+
+    def reset(self, sim: AnySim) -> None:
+        from controller.sim.kueue import KueueSim
+
+        super().reset(sim)
+        self._init_state()
+        if not isinstance(sim, KueueSim):
+            raise TypeError("WdrfKueue runs in the Kueue model (controller.sim.kueue)")
+        k = sim.k
+        cohort = COHORT_NAME if len(sim.cqs) > 1 else None
+        pre = Preemption(
+            within_cluster_queue=k.within_cluster_queue,
+            reclaim_within_cohort=k.reclaim_within_cohort,
+            borrow_within_cohort=k.borrow_within_cohort,
+        )
+        self.cq_objs = tuple(
+            ClusterQueue(
+                name=cq.name,
+                api_version=KueueApiVersion.V1BETA2,
+                quotas=(ResourceQuota(FLAVOR, GPU, Decimal(cq.nominal) / PCT),),
+                cohort=cohort,
+                queueing_strategy=k.queueing_strategy,
+                preemption=pre,
+                fair_sharing_weight=Decimal(str(cq.weight)) if k.fair_sharing else None,
+            )
+            for cq in sim.cqs.values()
+        )
+        self.lqs = tuple(
+            LocalQueue(namespace=t, name="default", cluster_queue=sim.cq_of_team[t])
+            for t in sim.teams
+        )
+
+    # -- Workload objects ----------------------------------------------------------------------
+    def _new_workload(self, job: SimJob) -> Workload:
+        res: dict[str, Decimal] = {GPU: Decimal(job.gpus_per_pod)}
+        if job.fractional:
+            res[GPUCORES] = Decimal(job.pct)
+            res[GPUMEM_PERCENTAGE] = Decimal(job.pct)
+        ann: dict[str, str] = {}
+        if job.cls is PriorityClass.URGENT:
+            ann[URGENT_ANNOTATION] = "true"
+        elif job.cls is PriorityClass.APPROVED:
+            ann[APPROVED_ANNOTATION] = "true"
+        name = f"job-{job.job_id}"
+        self.by_key[f"{job.team}/{name}"] = job.job_id
+        return Workload(
+            namespace=job.team,
+            name=name,
+            uid=f"uid-{job.job_id:07d}",
+            api_version=KueueApiVersion.V1BETA2,
+            queue_name="default",
+            created=self.epoch + timedelta(seconds=job.submit),
+            pod_sets=(PodSet("main", job.pods, (Container("main", frozen_resources(res)),)),),
+            annotations=MappingProxyType(ann),
+        )
+
+    def priority(self, job: SimJob) -> int:
+        return self.prio.get(job.job_id, 0)
+
+    def packing(self, job: SimJob) -> tuple[str, str]:
+        return self.hami.get(job.job_id) or super().packing(job)
+
+    def on_arrival(self, job: SimJob, now: float) -> None:
+        self.wl[job.job_id] = self._new_workload(job)
+        self.dirty = True
+
+    def on_admit(self, job: SimJob, now: float) -> None:
+        from controller.sim.kueue import KueueSim
+
+        sim = self.sim
+        assert isinstance(sim, KueueSim)
+        w = self.wl[job.job_id]
+        usage = {GPU: Decimal(job.pods * job.gpus_per_pod)}
+        self.wl[job.job_id] = replace(
+            w, quota_reserved=True, admitted=True,
+            admission=Admission(sim.cq_of_team[job.team], frozen_resources(usage),
+                                MappingProxyType({GPU: FLAVOR})),
+        )
+        self.dirty = True
+
+    def on_release(self, job: SimJob, now: float) -> None:
+        self.dirty = True
+
+    def on_evict(self, job: SimJob, now: float, reason: str) -> None:
+        w = self.wl[job.job_id]
+        changes: dict[str, object] = {"quota_reserved": False, "admitted": False,
+                                      "admission": None}
+        if "last_eviction" in Workload.__dataclass_fields__:
+            changes["last_eviction"] = self.epoch + timedelta(seconds=now)
+        self.wl[job.job_id] = replace(w, **changes)  # type: ignore[arg-type]
+        self.dirty = True
+
+    # -- the controller cycle ------------------------------------------------------------------
+    def _aggregate(self, team: str, cq: str, cls: PriorityClass, used: int) -> Workload:
+        """One admitted Workload standing for a team's admitted work of one class in one
+        ClusterQueue: `used` GPU-percent as `used` GPUs at 1 % each (GPU-equivalents exact)."""
+        key = (team, cq, cls)
+        cached = self.agg_cache.get(key)
+        if cached is not None and cached[0] == used:
+            return cached[1]
+        res = {GPU: Decimal(used), GPUCORES: Decimal(1), GPUMEM_PERCENTAGE: Decimal(1)}
+        ann: dict[str, str] = {}
+        if cls is PriorityClass.URGENT:
+            ann[URGENT_ANNOTATION] = "true"
+        elif cls is PriorityClass.APPROVED:
+            ann[APPROVED_ANNOTATION] = "true"
+        name = f"admitted-{cls.value}"
+        w = Workload(
+            namespace=team, name=name, uid=f"aggregate-{team}-{cq}-{cls.value}",
+            api_version=KueueApiVersion.V1BETA2, queue_name="default", created=self.epoch,
+            pod_sets=(PodSet("main", 1, (Container("main", frozen_resources(res)),)),),
+            quota_reserved=True, admitted=True,
+            admission=Admission(cq, frozen_resources({GPU: Decimal(used)}),
+                                MappingProxyType({GPU: FLAVOR})),
+            annotations=MappingProxyType(ann),
+        )
+        self.agg_cache[key] = (used, w)
+        return w
+
+    def tick(self, now: float) -> bool:
+        from controller.sim.kueue import DONE, PENDING, KueueSim
+
+        sim = self.sim
+        assert isinstance(sim, KueueSim)
+        for jid in [j for j in self.wl if sim.state[j] == DONE]:
+            del self.wl[jid]
+            self.prio.pop(jid, None)
+            self.hami.pop(jid, None)
+        groups: dict[str, list[int]] = {}
+        if self.aggregate_admitted:
+            workloads: list[Workload] = []
+            sums: dict[tuple[str, str, PriorityClass], list[int]] = {}
+            for jid, w in self.wl.items():
+                if sim.state[jid] == PENDING:
+                    workloads.append(w)
+                else:
+                    job = sim.jobs[jid]
+                    sums.setdefault((job.team, sim.cq_of_team[job.team], job.cls), []).append(jid)
+            for (team, cq, cls), members in sums.items():
+                agg = self._aggregate(team, cq, cls, sum(sim.jobs[j].need for j in members))
+                workloads.append(agg)
+                groups[agg.key] = members
+        else:
+            workloads = list(self.wl.values())
+        snapshot = ClusterSnapshot(
+            workloads=tuple(workloads), cluster_queues=self.cq_objs, local_queues=self.lqs,
+        )
+        t0 = time.perf_counter()
+        plan = compute_plan(snapshot, self.settings, self.epoch + timedelta(seconds=now),
+                            self.history)  # type: ignore[arg-type]
+        self.plan_seconds += time.perf_counter() - t0
+        self.plan_calls += 1
+        self.plan_workloads += len(snapshot.workloads)
+        self.history = plan.history
+        changed = False
+        for d in plan.decisions:
+            if d.leave_unchanged:
+                self.problems += 1
+                continue
+            terms = str(getattr(d, "terms", "") or "")
+            group = groups.get(d.key)
+            members = group if group is not None else [self.by_key[d.key]]
+            for jid in members:
+                changed |= self._apply(jid, d.target_priority, d.target_boost, terms, now)
+                if group is None and d.hami is not None and (
+                    d.hami.node_policy or d.hami.gpu_policy
+                ):
+                    default = super().packing(sim.jobs[jid])
+                    self.hami[jid] = (d.hami.node_policy or default[0],
+                                      d.hami.gpu_policy or default[1])
+        self.dirty = False
+        return changed
+
+    def _apply(self, jid: int, target: int, boost: int, terms: str, now: float) -> bool:
+        """Patch the simulated Workload as the live controller would; True when its effective
+        priority changed."""
+        w = self.wl[jid]
+        ann = dict(w.annotations)
+        wrote = False
+        if ann.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0") != str(boost):
+            ann[KUEUE_PRIORITY_BOOST_ANNOTATION] = str(boost)
+            wrote = True
+        if terms and ann.get(TERMS_ANNOTATION) != terms:
+            ann[TERMS_ANNOTATION] = terms
+            wrote = True
+        if wrote:
+            self.wl[jid] = replace(w, annotations=MappingProxyType(ann))
+            self.writes += 1
+            self.write_times.append(now)
+            self.job_writes[jid] += 1
+        if self.prio.get(jid, 0) != target:
+            self.prio[jid] = target
+            return True
+        return False
+
+    def next_change(self, now: float) -> float:
+        """Without decayed usage the plan moves only with the cluster (a new, admitted, evicted
+        or finished Workload), at `MAX_AGING_TIME` and at a rebase: visit one tick an hour as
+        well, so clock-driven changes are seen within the hour."""
+        if self.settings.usage_half_life > 0 or self.dirty:
+            return now
+        return now + 3600.0
+
+    def extra(self) -> Mapping[str, float]:
+        return {
+            "plan_calls": self.plan_calls,
+            "plan_seconds": self.plan_seconds,
+            "plan_ms_mean": 1000 * self.plan_seconds / self.plan_calls if self.plan_calls else 0.0,
+            "plan_workloads_mean": (
+                self.plan_workloads / self.plan_calls if self.plan_calls else 0.0
+            ),
+            "problems": self.problems,
+        }
