@@ -234,10 +234,10 @@ def main(
         click.echo(render(plan, output, settings))
         sys.exit(EXIT_OK)
     try:
-        run_live = _lazy("controller.live.runner", "run_live")
+        run_live = _lazy("controller.live.main", "run_live")
     except (ImportError, AttributeError) as exc:
         click.echo(
-            f"error: live mode unavailable (controller.live.runner: {exc}); "
+            f"error: live mode unavailable (controller.live.main: {exc}); "
             "use --from-file SNAPSHOT for an offline dry run",
             err=True,
         )
@@ -264,14 +264,18 @@ def explain_cmd(ctx: click.Context, workload: str, from_file: tuple[str, ...], o
         plan = offline_plan(files, settings, opts.get("now"))
     else:
         try:
-            live_plan = _lazy("controller.live.runner", "live_plan")
+            live_plan = _lazy("controller.live.main", "live_plan")
         except (ImportError, AttributeError) as exc:
             click.echo(f"error: explain without --from-file needs live mode "
-                       f"(controller.live.runner.live_plan: {exc})", err=True)
+                       f"(controller.live.main.live_plan: {exc})", err=True)
             sys.exit(EXIT_FAILED)
-        plan = live_plan(settings, _parse_now(opts.get("now")))
+        try:
+            plan = live_plan(settings, _parse_now(opts.get("now")))
+        except Exception as exc:  # LiveError: one line, no traceback
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_FAILED)
         if not isinstance(plan, Plan):
-            click.echo("error: controller.live.runner.live_plan returned no Plan", err=True)
+            click.echo("error: controller.live.main.live_plan returned no Plan", err=True)
             sys.exit(EXIT_FAILED)
     if output == "json":
         doc = explain_dict(plan, workload)

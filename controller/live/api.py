@@ -8,15 +8,21 @@ below use that single choke point to enforce policies structurally:
 
 * `ReadOnlyTransport` refuses every method but GET (dry run: no patch, Event or Lease).
 * `CountingTransport` counts requests by method and path class (tests and the benchmark).
-* `GuardedTransport` lets writes through only while a predicate holds (only the leader writes).
+* `GuardedTransport` lets writes through only while a predicate holds (only the leader writes),
+  and gives each write a deadline (`WRITE_DEADLINE`, checked again by the bottom transport
+  right before the request goes on the wire, and used as its timeout).
+* `RateLimitedTransport`: a client-side token bucket (QPS + burst) for every request but
+  watches.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -28,6 +34,25 @@ JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+# Monotonic time (time.monotonic) after which the write being sent in this thread must not
+# leave the process; set by `GuardedTransport`, enforced by the bottom transport just before
+# sending (so a write that waited anywhere in between, e.g. behind the rate limiter or in a
+# paused process, is refused instead of landing late).
+WRITE_DEADLINE: ContextVar[float | None] = ContextVar("wdrf_write_deadline", default=None)
+
+
+def write_time_left(method: str, path: str) -> float | None:
+    """Seconds left before the current write's deadline (None: no deadline); raises
+    `WriteRefused` when it has passed. Called by transports right before sending."""
+    deadline = WRITE_DEADLINE.get()
+    if deadline is None or method.upper() == "GET":
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise WriteRefused("write deadline passed (leadership not renewed in time)",
+                           method.upper(), path)
+    return left
 
 
 class ApiError(Exception):
@@ -203,15 +228,23 @@ class CountingTransport:
 
 
 class GuardedTransport:
-    """Passes reads through; passes writes only while `allowed()` is true, else `WriteRefused`.
+    """Passes reads through; passes writes only while `allowed()` says so, else `WriteRefused`.
 
+    `allowed()` returns a bool, or the seconds the write may still take (<= 0: refused): that
+    becomes the write's deadline (`WRITE_DEADLINE`) and caps its timeout. The leader passes
+    the time left before its Lease could be taken by another replica, so a write that is
+    delayed past it is refused at the bottom of the stack instead of landing late.
     `ReadOnlyTransport` is the special case `allowed = lambda: False`.
     """
 
-    def __init__(self, inner: Transport, allowed: Callable[[], bool], why: str) -> None:
+    def __init__(
+        self, inner: Transport, allowed: Callable[[], bool | float], why: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._inner = inner
         self._allowed = allowed
         self._why = why
+        self._clock = clock
 
     def request(
         self,
@@ -223,11 +256,88 @@ class GuardedTransport:
         content_type: str | None = None,
         timeout: float | None = None,
     ) -> Any:
-        if method.upper() != "GET" and not self._allowed():
+        if method.upper() == "GET":
+            return self._inner.request(
+                method, path, query=query, body=body, content_type=content_type,
+                timeout=timeout)
+        allowed = self._allowed()
+        if allowed is False or (not isinstance(allowed, bool) and allowed <= 0):
             raise WriteRefused(self._why, method.upper(), path)
+        if isinstance(allowed, bool):
+            return self._inner.request(
+                method, path, query=query, body=body, content_type=content_type,
+                timeout=timeout)
+        deadline = time.monotonic() + float(allowed)
+        outer = WRITE_DEADLINE.get()
+        token = WRITE_DEADLINE.set(deadline if outer is None else min(outer, deadline))
+        try:
+            return self._inner.request(
+                method, path, query=query, body=body, content_type=content_type,
+                timeout=float(allowed) if timeout is None else min(timeout, float(allowed)))
+        finally:
+            WRITE_DEADLINE.reset(token)
+
+    def stream(
+        self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None
+    ) -> Iterator[JSON]:
+        return self._inner.stream(path, query=query, timeout=timeout)
+
+
+class TokenBucket:
+    """`qps` tokens per second, at most `burst` saved; `take()` blocks until one is there."""
+
+    def __init__(
+        self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.qps = float(qps)
+        self.burst = max(1, int(burst))
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._tokens = float(self.burst)
+        self._at = clock()
+        self.waited = 0.0  # seconds spent waiting in total (metrics, tests)
+
+    def take(self) -> float:
+        """Take one token, waiting if needed; returns the seconds waited."""
+        if self.qps <= 0:
+            return 0.0
+        with self._lock:  # callers queue up in order
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)
+            self._at = now
+            wait = 0.0
+            if self._tokens < 1:
+                wait = (1 - self._tokens) / self.qps
+                self._sleep(wait)
+                self._at = self._clock()
+                self._tokens = 1.0
+            self._tokens -= 1
+            self.waited += wait
+            return wait
+
+
+class RateLimitedTransport:
+    """Every request (not watches) takes a token from `bucket` first (client-side QPS)."""
+
+    def __init__(self, inner: Transport, bucket: TokenBucket) -> None:
+        self._inner = inner
+        self.bucket = bucket
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        self.bucket.take()
         return self._inner.request(
-            method, path, query=query, body=body, content_type=content_type, timeout=timeout
-        )
+            method, path, query=query, body=body, content_type=content_type, timeout=timeout)
 
     def stream(
         self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None

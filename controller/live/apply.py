@@ -6,10 +6,15 @@ the others.
 * 429, 5xx, timeouts, connection errors: exponential backoff with jitter, bounded per cycle by
   a retry budget (seconds of sleeping). When it is spent the remaining retriable failures wait
   for the next cycle, which re-diffs from the cache anyway.
-* 422 on a GPU-fraction change: the cluster does not allow changing a suspended Job's
-  container resources (Kubernetes < 1.36, or MutablePodResourcesForSuspendedJobs off). The
-  applier remembers that (`resources_mutable = False`) and the runner emits an Event instead.
-* A write refused locally (dry run, not the leader) is counted as `refused`, never sent.
+* 422 on a GPU-fraction change whose re-read gives the same patch (not a failed `test`: the
+  Job is still suspended, same UID): this Job's container resources cannot change here
+  (Kubernetes < 1.36, MutablePodResourcesForSuspendedJobs off, an admission policy...). The
+  applier remembers it for that Job only (`fraction_refused`, by UID) and the runner emits an
+  Event instead. A Job that Kueue unsuspended between our read and our patch fails the
+  patch's `test /spec/suspend` and is simply dropped: no global switch-off.
+* A write refused locally (dry run, not the leader, deadline passed) is counted as `refused`,
+  never sent. Once `stopping()` is true (SIGTERM) no new write starts (`deferred`); those in
+  flight finish.
 """
 
 from __future__ import annotations
@@ -72,11 +77,6 @@ def is_conflict(error: ApiError, change: Change) -> bool:
     return error.status == 409 or (error.status == 422 and has_test_op(change))
 
 
-def is_immutable(error: ApiError) -> bool:
-    text = error.message.lower()
-    return error.status == 422 and ("immutable" in text or "forbidden" in text)
-
-
 class _CycleState:
     """What the changes of one `apply` share: the retry budget and the outage detector."""
 
@@ -118,6 +118,7 @@ class Applier:
         backoff: Callable[[], Backoff] = lambda: Backoff(initial=0.2, cap=5.0),
         sleep: Callable[[float], None] = time.sleep,
         workers: int = 1,
+        stopping: Callable[[], bool] = lambda: False,
     ) -> None:
         self._transport = transport
         self._metrics = metrics
@@ -126,9 +127,15 @@ class Applier:
         self._new_backoff = backoff
         self._sleep = sleep
         self._workers = max(1, workers)
-        # None: not known yet; False: a 422 said container resources of suspended Jobs are
-        # immutable here; True: a fraction change went through.
-        self.resources_mutable: bool | None = None
+        self._stopping = stopping
+        # UIDs of Jobs whose GPU-fraction change the apiserver refused (422, not a failed
+        # test): not tried again for that Job.
+        self._refused_lock = threading.Lock()
+        self.fraction_refused: set[str] = set()
+
+    def refused_fraction(self, uid: str) -> bool:
+        with self._refused_lock:
+            return uid in self.fraction_refused
 
     def apply(
         self, changes: Sequence[Change], on_outcome: OutcomeHook | None = None
@@ -138,8 +145,9 @@ class Applier:
         state = _CycleState(self._retry_budget)
 
         def one(change: Change) -> Outcome:
-            if state.apiserver_gone():
-                # The apiserver is gone: do not hammer it with the rest of the cycle.
+            if state.apiserver_gone() or self._stopping():
+                # The apiserver is gone (do not hammer it with the rest of the cycle), or we
+                # are shutting down (only writes already in flight finish).
                 outcome = Outcome(change, DEFERRED)
             else:
                 try:
@@ -175,10 +183,6 @@ class Applier:
             except ApiError as e:
                 self._metrics.api_errors.labels(e.code_label).inc()
                 last_error = e
-                if current.what == GPU_FRACTION and e.status == 422:
-                    if is_immutable(e):
-                        self.resources_mutable = False
-                    return Outcome(current, UNSUPPORTED, e)
                 if e.status == 404:  # deleted since the cache saw it: nothing to do
                     return Outcome(current, NOOP, e)
                 if is_conflict(e, current):
@@ -191,7 +195,12 @@ class Applier:
                         last_error = read_error
                         continue
                     if e.status == 422 and fresh is not None and fresh.body == current.body:
-                        return Outcome(current, FAILED, e)  # invalid, not a failed test
+                        # Invalid, not a failed test (same object, same state).
+                        if current.what == GPU_FRACTION:
+                            with self._refused_lock:
+                                self.fraction_refused.add(current.ref.uid)
+                            return Outcome(current, UNSUPPORTED, e)
+                        return Outcome(current, FAILED, e)
                     current = fresh
                     continue
                 if e.retriable and state.has_budget():
@@ -200,8 +209,6 @@ class Applier:
                     self._sleep(delay)
                     continue
                 return Outcome(current, DEFERRED if e.retriable else FAILED, e)
-            if current.what == GPU_FRACTION:
-                self.resources_mutable = True
             return Outcome(current, APPLIED)
         if current is None:
             return Outcome(change, NOOP)
@@ -221,7 +228,8 @@ class Applier:
         fresh: JSON = self._transport.request(
             "GET", change.resource.item(change.name, change.namespace or None)
         )
-        return redo(change, fresh, self.resources_mutable)
+        uid = str((fresh.get("metadata") or {}).get("uid") or "")
+        return redo(change, fresh, False if self.refused_fraction(uid) else None)
 
 
 def _unreachable(outcome: Outcome) -> bool:

@@ -3,8 +3,13 @@
 * The LIST is paginated and happens at start-up and after `410 Gone` (or when a watch cannot
   resume), never once per cycle.
 * Watches ask for bookmarks, so the resourceVersion to resume from stays fresh.
-* Errors back off exponentially with jitter; every restart is counted in
-  `wdrf_watch_restarts_total{resource,reason}`.
+* Every re-watch waits a backoff delay with jitter (also after a watch the server closed
+  cleanly: a stream that ends at once must not become a request loop); the backoff is reset
+  only after a healthy stream (one that stayed open `healthy_after` seconds). Every restart is
+  counted in `wdrf_watch_restarts_total{resource,reason}`.
+* `age()`: seconds since the cache was last known to be current (a LIST, an event or
+  bookmark, or a healthy open stream); the runner pauses writes and reports not-ready when
+  the Workload or ClusterQueue cache is older than CACHE_MAX_STALENESS.
 * `managedFields` are dropped on arrival: they are most of a Workload's bytes and unused.
 * Every change is reported to `on_event(kind, old, new)` (old None = added, new None =
   deleted), so the runner can start a cycle promptly after an urgent arrival.
@@ -13,8 +18,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +96,8 @@ class Informer:
         watch_timeout: float = 300.0,
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
+        healthy_after: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._transport = transport
         self.spec = spec
@@ -103,6 +112,10 @@ class Informer:
         self._synced = threading.Event()
         self.resource_version = ""
         self.name = spec.resource.plural
+        self._healthy_after = healthy_after
+        self._clock = clock
+        self._fresh_at: float | None = None  # last LIST, event or bookmark, healthy stream
+        self._stream_since: float | None = None  # when the open watch stream started
 
     # -- reading --------------------------------------------------------------------------
 
@@ -112,6 +125,20 @@ class Informer:
 
     def wait_synced(self, timeout: float) -> bool:
         return self._synced.wait(timeout)
+
+    def age(self) -> float:
+        """Seconds since this cache was last known to be current (inf before the first
+        LIST). 0 while a watch stream has been open for `healthy_after` seconds."""
+        now = self._clock()
+        with self._lock:
+            since = self._stream_since
+            if since is not None and now - since >= self._healthy_after:
+                return 0.0
+            return math.inf if self._fresh_at is None else max(0.0, now - self._fresh_at)
+
+    def _touch(self) -> None:
+        with self._lock:
+            self._fresh_at = self._clock()
 
     def items(self) -> list[JSON]:
         with self._lock:
@@ -128,16 +155,19 @@ class Informer:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """LIST, then WATCH until `stop`; relist only when the watch cannot resume."""
+        """LIST, then WATCH until `stop`; relist only when the watch cannot resume. Every
+        re-watch waits a backoff delay; the backoff resets only after a healthy stream."""
         need_list = True
         while not stop.is_set():
             try:
                 if need_list:
                     self.relist()
                     need_list = False
+                started = self._clock()
                 self.watch_once(stop)
+                if self._clock() - started >= self._healthy_after:
+                    self._backoff.reset()
                 self._restart("closed")
-                self._backoff.reset()
             except Gone:
                 self._restart("gone")
                 need_list = True
@@ -148,17 +178,19 @@ class Informer:
                 self._restart("error")
                 if e.status == 410:
                     need_list = True
-                delay = self._backoff.next()
                 log.warning(
-                    "watch %s failed (%s); retrying in %.1fs", self.name, e, delay,
+                    "watch %s failed (%s)", self.name, e,
                     extra={"resource": self.name, "code": e.code_label},
                 )
-                stop.wait(delay)
             except Exception:  # a bug must not kill the thread silently
                 log.exception("watch %s crashed; relisting", self.name)
                 self._restart("error")
                 need_list = True
-                stop.wait(self._backoff.next())
+            if stop.is_set():
+                break
+            delay = self._backoff.next()
+            log.debug("re-watching %s in %.2fs", self.name, delay)
+            stop.wait(delay)
 
     def _restart(self, reason: str) -> None:
         self._metrics.watch_restarts.labels(self.name, reason).inc()
@@ -193,6 +225,7 @@ class Informer:
             old = self._items
             self._items = fresh
             self.resource_version = rv
+            self._fresh_at = self._clock()
         self._synced.set()
         self._report_relist(old, fresh)
         log.debug("listed %d %s at rv %s", len(fresh), self.name, rv)
@@ -212,7 +245,7 @@ class Informer:
     def watch_once(self, stop: threading.Event) -> None:
         """One WATCH request from the current resourceVersion until the server ends it."""
         # Randomized like client-go, so many watches do not all end at the same moment.
-        timeout = int(self._watch_timeout * self._rng.uniform(1.0, 2.0))
+        timeout = max(1, int(self._watch_timeout * self._rng.uniform(1.0, 2.0)))
         query = {
             **self.spec.query(),
             "watch": "1",
@@ -223,10 +256,21 @@ class Informer:
         events: Iterator[JSON] = self._transport.stream(
             self.spec.resource.collection(self.spec.namespace), query=query, timeout=timeout
         )
-        for event in events:
-            if stop.is_set():
-                return
-            self.apply_event(event)
+        with self._lock:
+            self._stream_since = self._clock()
+        try:
+            for event in events:
+                if stop.is_set():
+                    return
+                self.apply_event(event)
+                if event.get("type") != "ERROR":
+                    self._touch()
+        finally:
+            now = self._clock()
+            with self._lock:
+                since, self._stream_since = self._stream_since, None
+                if since is not None and now - since >= self._healthy_after:
+                    self._fresh_at = now
 
     def apply_event(self, event: JSON) -> None:
         kind = str(event.get("type", ""))

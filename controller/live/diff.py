@@ -3,25 +3,34 @@
 Every function here compares a decision with the object as the cache holds it and returns
 only what differs, so a steady cycle produces no `Change` at all.
 
-* boost mode: a merge patch of `kueue.x-k8s.io/priority-boost` only (removed when the boost is
-  0). A base priority left behind by spec mode is restored in the same patch.
-* spec mode: a JSON patch that `test`s the `spec.priority` it read, sets the target, and keeps
-  the base priority in `wdrf.x-k8s.io/base-priority` and the target it wrote in
-  `wdrf.x-k8s.io/applied-priority` (both dropped once the priority is back at the base). A
-  boost annotation left behind by boost mode is removed.
-* HAMi: template annotations of a suspended, never-started owner Job (merge patch), GPU
-  fraction as container resources of that Job (strategic merge patch, by container name) when
-  the cluster allows it, or annotations of a pod group's gated pods.
+Every Workload and Job write is a JSON patch whose first op tests `/metadata/uid`: a patch
+computed for an object that was deleted never lands on a new one with the same name (the
+failed test comes back as 422; the re-read sees another UID and drops the change).
+
+* boost mode: `kueue.x-k8s.io/priority-boost` only (removed when the boost is 0). A base
+  priority left behind by spec mode is restored in the same patch.
+* spec mode: `test`s the `spec.priority` it read, sets the target, and keeps the base priority
+  in `wdrf.x-k8s.io/base-priority` and the target it wrote in `wdrf.x-k8s.io/applied-priority`
+  (both dropped once the priority is back at the base). A boost annotation left behind by
+  boost mode is removed.
+* In both modes the decision's terms (`wdrf.x-k8s.io/priority-terms`) go in the same patch
+  whenever the priority is written.
+* HAMi: template annotations and the GPU fraction (container resources, by index, each
+  container's name tested) of a suspended, never-started owner Job, with `test /spec/suspend
+  == true` so a Job Kueue has just unsuspended is never touched; annotations of a pod group's
+  gated pods (merge patch).
+* `plan_diff`: all of the above for a whole plan, from lookups into the caches.
 
 Anything that should be written but cannot be is returned as a `Notice` (an Event to emit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller import domain
 from controller.domain import (
     APPLIED_PRIORITY_ANNOTATION,
     BASE_PRIORITY_ANNOTATION,
@@ -31,9 +40,8 @@ from controller.domain import (
     KUEUE_PRIORITY_BOOST_ANNOTATION,
     ObjectRef,
 )
-from controller.live.api import JSON, JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH, Resource
+from controller.live.api import JSON, JSON_PATCH, MERGE_PATCH, Resource
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
-from controller.policy import implied_base
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 
@@ -41,6 +49,34 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 PRIORITY = "priority"
 HAMI_ANNOTATIONS = "hami-annotations"
 GPU_FRACTION = "gpu-fraction"
+
+def implied_base(priority: int | None, annotations: Mapping[str, str]) -> int | None:
+    """The policy's `implied_base` (in `controller.classify` after the policy split, in
+    `controller.policy` before it)."""
+    import importlib
+
+    for module in ("controller.classify", "controller.policy"):
+        try:
+            found = getattr(importlib.import_module(module), "implied_base", None)
+        except ImportError:
+            continue
+        if found is not None:
+            value = found(priority, annotations)
+            return None if value is None else int(value)
+    raise ImportError("implied_base not found in controller.classify or controller.policy")
+
+
+PRIORITY_TERMS_ANNOTATION: str = getattr(
+    domain, "PRIORITY_TERMS_ANNOTATION", "wdrf.x-k8s.io/priority-terms")
+
+
+def decision_terms(decision: WorkloadDecision) -> str:
+    """The terms annotation value the plan wants written with the priority ("" = none)."""
+    return str(getattr(decision, "terms", "") or "")
+
+
+def decision_admitted(decision: WorkloadDecision) -> bool:
+    return bool(getattr(decision, "admitted", False))
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +101,7 @@ class Change:
     summary: str  # human text for the log and the success Event
     decision: WorkloadDecision
     mode: PriorityMode | None = None
+    old_terms: str | None = None  # the terms annotation before this write (priority only)
 
     @property
     def namespace(self) -> str:
@@ -147,31 +184,59 @@ def diff_priority(
     raise ValueError(f"priority mode {mode} must be resolved before diffing")
 
 
+def uid_test(obj: Mapping[str, Any]) -> list[JSON]:
+    """`test /metadata/uid`: the patch applies only to the very object it was computed for."""
+    uid = _meta(obj).get("uid")
+    return [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
+
+
+def _annotation_ops(obj: Mapping[str, Any], set_: Mapping[str, str],
+                    remove: Sequence[str]) -> list[JSON]:
+    """JSON patch ops setting and removing annotations (only those that differ)."""
+    ann = annotations_of(obj)
+    ops: list[JSON] = []
+    adds = {k: v for k, v in set_.items() if ann.get(k) != v}
+    if adds and not isinstance(_meta(obj).get("annotations"), Mapping):
+        ops.append({"op": "add", "path": pointer("metadata", "annotations"), "value": {}})
+    for k, v in adds.items():
+        ops.append({"op": "add", "path": pointer("metadata", "annotations", k), "value": v})
+    for k in remove:
+        if k in ann:
+            ops.append({"op": "remove", "path": pointer("metadata", "annotations", k)})
+    return ops
+
+
 def _boost_change(decision: WorkloadDecision, wl: JSON, resource: Resource) -> Change | None:
     ann = annotations_of(wl)
     want = str(decision.target_boost) if decision.target_boost != 0 else None
     have = ann.get(KUEUE_PRIORITY_BOOST_ANNOTATION)
-    annotations: dict[str, str | None] = {}
-    body: dict[str, Any] = {}
+    set_: dict[str, str] = {}
+    remove: list[str] = []
     if have != want:
-        annotations[KUEUE_PRIORITY_BOOST_ANNOTATION] = want
+        if want is None:
+            remove.append(KUEUE_PRIORITY_BOOST_ANNOTATION)
+        else:
+            set_[KUEUE_PRIORITY_BOOST_ANNOTATION] = want
     # Left over from spec mode: put the base priority back and forget it.
-    if APPLIED_PRIORITY_ANNOTATION in ann:
-        annotations[APPLIED_PRIORITY_ANNOTATION] = None
+    spec_ops: list[JSON] = []
+    remove += [k for k in (APPLIED_PRIORITY_ANNOTATION, BASE_PRIORITY_ANNOTATION) if k in ann]
     if BASE_PRIORITY_ANNOTATION in ann:
-        annotations[BASE_PRIORITY_ANNOTATION] = None
         spec_priority = _int_or_none((wl.get("spec") or {}).get("priority"))
         if spec_priority != decision.base_priority:
-            body["spec"] = {"priority": decision.base_priority}
-    if not annotations:
+            spec_ops.append({"op": "add", "path": pointer("spec", "priority"),
+                             "value": decision.base_priority})
+    if not set_ and not remove:
         return None
-    body["metadata"] = {"annotations": annotations}
+    terms = decision_terms(decision)
+    if terms:
+        set_[PRIORITY_TERMS_ANNOTATION] = terms
+    ops = uid_test(wl) + spec_ops + _annotation_ops(wl, set_, remove)
     summary = f"priority boost {have or 0} -> {want or 0}"
-    if "spec" in body:
+    if spec_ops:
         summary += f", spec.priority restored to base {decision.base_priority}"
     return Change(
-        ref_of(wl, resource), resource, PRIORITY, MERGE_PATCH, body, summary, decision,
-        PriorityMode.BOOST,
+        ref_of(wl, resource), resource, PRIORITY, JSON_PATCH, ops, summary, decision,
+        PriorityMode.BOOST, ann.get(PRIORITY_TERMS_ANNOTATION),
     )
 
 
@@ -206,7 +271,15 @@ def _spec_change(decision: WorkloadDecision, wl: JSON, resource: Resource) -> Ch
             "metadata", "annotations", KUEUE_PRIORITY_BOOST_ANNOTATION)})
     if have == target and not ann_ops:
         return None
-    ops: list[JSON] = []
+    terms = decision_terms(decision)
+    if terms and ann.get(PRIORITY_TERMS_ANNOTATION) != terms:
+        if not any(op["path"] == pointer("metadata", "annotations") for op in ann_ops) and (
+                not isinstance(_meta(wl).get("annotations"), Mapping)):
+            ann_ops.insert(0, {"op": "add", "path": pointer("metadata", "annotations"),
+                               "value": {}})
+        ann_ops.append({"op": "add", "path": pointer(
+            "metadata", "annotations", PRIORITY_TERMS_ANNOTATION), "value": terms})
+    ops: list[JSON] = uid_test(wl)
     if have is not None:
         # Only if nobody changed it since we read it (Kueue, a user): else re-read.
         ops.append({"op": "test", "path": pointer("spec", "priority"), "value": have})
@@ -216,7 +289,7 @@ def _spec_change(decision: WorkloadDecision, wl: JSON, resource: Resource) -> Ch
     summary = f"spec.priority {have} -> {target} (base {decision.base_priority})"
     return Change(
         ref_of(wl, resource), resource, PRIORITY, JSON_PATCH, ops, summary, decision,
-        PriorityMode.SPEC,
+        PriorityMode.SPEC, ann.get(PRIORITY_TERMS_ANNOTATION),
     )
 
 
@@ -267,10 +340,19 @@ def diff_job_hami(
                            "HAMi settings not applied: the Job is not suspended or has already "
                            "started, so its pod template can no longer change."))
         return out.freeze()
+    guard = [*uid_test(job), {"op": "test", "path": "/spec/suspend", "value": True}]
     if missing:
-        body = {"spec": {"template": {"metadata": {"annotations": missing}}}}
+        ops = list(guard)
+        if not isinstance(_meta(_template(job)).get("annotations"), Mapping):
+            if not isinstance(_template(job).get("metadata"), Mapping):
+                ops.append({"op": "add", "path": pointer("spec", "template", "metadata"),
+                            "value": {}})
+            ops.append({"op": "add", "path": pointer("spec", "template", "metadata",
+                                                     "annotations"), "value": {}})
+        ops += [{"op": "add", "path": pointer("spec", "template", "metadata", "annotations", k),
+                 "value": v} for k, v in sorted(missing.items())]
         text = ", ".join(f"{k}={v}" for k, v in sorted(missing.items()))
-        out.add(Change(ref, job_resource, HAMI_ANNOTATIONS, MERGE_PATCH, body,
+        out.add(Change(ref, job_resource, HAMI_ANNOTATIONS, JSON_PATCH, ops,
                        f"pod template annotations {text}", decision))
     if fraction:
         if fraction_blocked:
@@ -280,7 +362,7 @@ def diff_job_hami(
         elif resources_mutable is False:
             out.add(fraction_refused_notice(ref, hami))
         else:
-            out.add(Change(ref, job_resource, GPU_FRACTION, STRATEGIC_MERGE_PATCH, fraction,
+            out.add(Change(ref, job_resource, GPU_FRACTION, JSON_PATCH, guard + fraction,
                            f"GPU fraction {fraction_text(hami)}", decision))
     return out.freeze()
 
@@ -312,39 +394,40 @@ def _fraction_values(hami: HamiDecision) -> dict[str, str]:
     return want
 
 
-def container_fraction_patch(job: Mapping[str, Any], hami: HamiDecision) -> JSON | None:
-    """Strategic merge patch setting the fraction on every GPU container where it differs."""
+def container_fraction_patch(job: Mapping[str, Any], hami: HamiDecision) -> list[JSON]:
+    """JSON patch ops setting the fraction on every GPU container where it differs (each
+    container addressed by index, its name tested first); [] when nothing differs."""
     want = _fraction_values(hami)
     if not want:
-        return None
+        return []
     pod_spec = _template(job).get("spec") or {}
-    patched: list[JSON] = []
-    for container in pod_spec.get("containers") or []:
-        entry = _container_fraction(container, want)
-        if entry:
-            patched.append(entry)
-    if not patched:
-        return None
-    return {"spec": {"template": {"spec": {"containers": patched}}}}
+    ops: list[JSON] = []
+    for i, container in enumerate(pod_spec.get("containers") or []):
+        ops += _container_fraction(i, container, want)
+    return ops
 
 
-def _container_fraction(container: Mapping[str, Any], want: Mapping[str, str]) -> JSON | None:
+def _container_fraction(index: int, container: Mapping[str, Any],
+                        want: Mapping[str, str]) -> list[JSON]:
     resources = container.get("resources") or {}
     limits = resources.get("limits") or {}
     requests = resources.get("requests") or {}
     if GPU not in limits and GPU not in requests:
-        return None
-    new: JSON = {}
+        return []
+    base = ("spec", "template", "spec", "containers", str(index), "resources")
+    ops: list[JSON] = []
     # Extended resources need requests == limits when both are set: write both where GPU is.
     for section_name, section in (("limits", limits), ("requests", requests)):
         if GPU not in section:
             continue
-        delta = {k: v for k, v in want.items() if str(section.get(k)) != v}
-        if delta:
-            new[section_name] = delta
-    if not new:
-        return None
-    return {"name": container.get("name"), "resources": new}
+        for k, v in want.items():
+            if str(section.get(k)) != v:
+                ops.append({"op": "add", "path": pointer(*base, section_name, k), "value": v})
+    if not ops:
+        return []
+    return [{"op": "test", "path": pointer("spec", "template", "spec", "containers",
+                                           str(index), "name"),
+             "value": container.get("name")}, *ops]
 
 
 # -- HAMi on a pod group's gated pods -----------------------------------------------------
@@ -386,7 +469,11 @@ def diff_pods_hami(
 
 
 def redo(change: Change, fresh: JSON, resources_mutable: bool | None = None) -> Change | None:
-    """The same intent recomputed against a freshly read object (after 409 / failed test)."""
+    """The same intent recomputed against a freshly read object (after 409 / failed test).
+    None when there is nothing left to do, or when the object is not the one the change was
+    computed for (deleted and recreated under the same name: another UID)."""
+    if change.ref.uid and str(_meta(fresh).get("uid") or "") != change.ref.uid:
+        return None
     if change.what == PRIORITY and change.mode is not None:
         return diff_priority(change.decision, fresh, change.resource, change.mode)
     if change.resource.kind == "Pod":
@@ -396,3 +483,66 @@ def redo(change: Change, fresh: JSON, resources_mutable: bool | None = None) -> 
             change.decision, fresh, change.resource, resources_mutable
         ).changes
     return next((c for c in candidates if c.what == change.what), None)
+
+
+# -- a whole plan -----------------------------------------------------------------------------
+
+
+Lookup = Callable[[str], JSON | None]
+
+
+def plan_diff(
+    decisions: Sequence[WorkloadDecision],
+    mode: PriorityMode,
+    workload_resource: Resource,
+    workload: Lookup,
+    job: Lookup,
+    pods_by_uid: Mapping[str, JSON],
+    fraction_refused: Callable[[str], bool] = lambda _uid: False,
+    fraction_blocked: Callable[[WorkloadDecision], str] = lambda _d: "",
+    job_resource: Resource | None = None,
+    pod_resource: Resource | None = None,
+) -> Diff:
+    """Every write (HAMi first, then priorities) and notice for the decisions of a plan.
+
+    `workload(key)` / `job(key)` look objects up in the caches by "namespace/name";
+    `fraction_refused(job_uid)`: the cluster refused that Job's GPU-fraction change before;
+    `fraction_blocked(decision)`: why its fraction must not be written ("" = no reason).
+    Decisions for admitted Workloads get their priority written, nothing else."""
+    from controller.live.api import JOBS, PODS
+
+    jobs_res = job_resource or JOBS
+    pods_res = pod_resource or PODS
+    hami: list[Change] = []
+    priority: list[Change] = []
+    notices: list[Notice] = []
+    for d in decisions:
+        if d.leave_unchanged:
+            continue
+        raw = workload(d.key)
+        if raw is None:
+            continue
+        change = diff_priority(d, raw, workload_resource, mode)
+        if change is not None:
+            priority.append(change)
+        if d.hami is None or decision_admitted(d):
+            continue
+        owner = next((o for o in _meta(raw).get("ownerReferences") or []
+                      if isinstance(o, Mapping) and o.get("controller") is True), None)
+        if owner is not None and owner.get("kind") == "Job":
+            ns = str(_meta(raw).get("namespace") or "")
+            owner_job = job(f"{ns}/{owner.get('name')}")
+            if owner_job is None:
+                continue
+            uid = str(_meta(owner_job).get("uid") or "")
+            part = diff_job_hami(d, owner_job, jobs_res,
+                                 False if fraction_refused(uid) else None,
+                                 fraction_blocked(d))
+        else:
+            owned = [pods_by_uid[str(o.get("uid"))]
+                     for o in _meta(raw).get("ownerReferences") or []
+                     if str(o.get("uid")) in pods_by_uid]
+            part = diff_pods_hami(d, owned, pods_res)
+        hami.extend(part.changes)
+        notices.extend(part.notices)
+    return Diff(tuple(hami + priority), tuple(notices))

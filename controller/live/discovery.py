@@ -5,6 +5,12 @@
   ConfigMap `kueue-manager-config` (key `controller_manager_config.yaml`, `featureGates`) or
   from the manager Deployment's `--feature-gates` argument; else `spec`.
 
+Only a 404 (the ConfigMap or Deployment does not exist) counts as "does not say"; any other
+error (500, 429, 403, timeouts) is raised, so the caller retries and keeps its last known
+mode instead of silently switching to spec mode. The leader records the mode it uses in an
+annotation on its Lease (`MODE_ANNOTATION`); a replica that cannot read Kueue's configuration
+takes the mode from there, so a failover never flips it.
+
 The parsing functions are pure; `read_*` functions do the GETs.
 """
 
@@ -35,6 +41,15 @@ KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
 KUEUE_DEPLOYMENT = "kueue-controller-manager"
 PRIORITY_BOOST_GATE = "PriorityBoost"
 NEEDED_RESOURCES = ("workloads", "clusterqueues", "localqueues")
+MODE_ANNOTATION = "wdrf.x-k8s.io/priority-mode"
+
+
+def mode_from_annotation(value: str | None) -> PriorityMode | None:
+    """The mode a leader recorded on the Lease (boost or spec); None when absent/invalid."""
+    for mode in (PriorityMode.BOOST, PriorityMode.SPEC):
+        if value == mode.value:
+            return mode
+    return None
 
 
 class KueueNotServed(Exception):
@@ -135,7 +150,8 @@ def resolve_mode(configured: PriorityMode, gate: bool | None, where: str) -> Mod
 
 
 def read_priority_boost_gate(transport: Transport, kueue_namespace: str) -> tuple[bool | None, str]:
-    """(gate, where it was read). Kueue's default for the alpha gate is off."""
+    """(gate, where it was read). Kueue's default for the alpha gate is off. Raises
+    `ApiError` for anything but a 404: an unreadable configuration is not a gate that is off."""
     where: list[str] = []
     try:
         cm = transport.request("GET", CONFIG_MAPS.item(KUEUE_CONFIG_MAP, kueue_namespace))
@@ -146,7 +162,9 @@ def read_priority_boost_gate(transport: Transport, kueue_namespace: str) -> tupl
                 return found, f"ConfigMap {kueue_namespace}/{KUEUE_CONFIG_MAP}"
         where.append(f"ConfigMap {kueue_namespace}/{KUEUE_CONFIG_MAP} does not set it")
     except ApiError as e:
-        where.append(f"ConfigMap {kueue_namespace}/{KUEUE_CONFIG_MAP}: {e.status or e.reason}")
+        if e.status != 404:
+            raise
+        where.append(f"ConfigMap {kueue_namespace}/{KUEUE_CONFIG_MAP}: not found")
     try:
         dep = transport.request("GET", DEPLOYMENTS.item(KUEUE_DEPLOYMENT, kueue_namespace))
         containers = (((dep or {}).get("spec") or {}).get("template") or {}).get("spec", {})
@@ -156,7 +174,9 @@ def read_priority_boost_gate(transport: Transport, kueue_namespace: str) -> tupl
                 return found, f"Deployment {kueue_namespace}/{KUEUE_DEPLOYMENT} args"
         where.append(f"Deployment {kueue_namespace}/{KUEUE_DEPLOYMENT} args do not set it")
     except ApiError as e:
-        where.append(f"Deployment {kueue_namespace}/{KUEUE_DEPLOYMENT}: {e.status or e.reason}")
+        if e.status != 404:
+            raise
+        where.append(f"Deployment {kueue_namespace}/{KUEUE_DEPLOYMENT}: not found")
     return None, "; ".join(where)
 
 
@@ -195,10 +215,13 @@ def quota_check_from_manager_config(text: str) -> QuotaCheck:
 
 
 def read_quota_check(transport: Transport, kueue_namespace: str) -> QuotaCheck:
-    """From Kueue's manager ConfigMap; Kueue's default (BlockUndeclared) when unreadable."""
+    """From Kueue's manager ConfigMap; Kueue's default (BlockUndeclared) when there is none.
+    Raises `ApiError` for anything but a 404 (the caller keeps what it knew)."""
     try:
         cm = transport.request("GET", CONFIG_MAPS.item(KUEUE_CONFIG_MAP, kueue_namespace))
-    except ApiError:
+    except ApiError as e:
+        if e.status != 404:
+            raise
         return QuotaCheck()
     text = ((cm or {}).get("data") or {}).get(KUEUE_CONFIG_KEY)
     return quota_check_from_manager_config(text) if isinstance(text, str) else QuotaCheck()

@@ -1,5 +1,15 @@
-"""`python -m controller --health-check`: can this controller run against this cluster?
+"""Health of the controller: the probes of a running replica, and `--health-check`.
 
+Probes (`Probes`, served by the metrics HTTP server on /healthz and /readyz):
+
+* /healthz (liveness, and the startupProbe): 503 until the first cycle has completed
+  ("starting"), then 200 while the control loop made progress within `stale_after`. The
+  Deployment's startupProbe bounds the first cycle; liveness only applies after it.
+* /readyz: 200 when start-up discovery is done, every cache has synced, and the Workload and
+  ClusterQueue caches are younger than CACHE_MAX_STALENESS; 503 with the reason otherwise.
+  While not ready for staleness, the leader also pauses its writes (see the runner).
+
+`python -m controller --health-check`: can this controller run against this cluster?
 Checks, in order: the apiserver answers; Kueue's API is served (v1beta2, else v1beta1) with
 the resources the controller reads; for every permission in `controller.live.rbac`, a
 SelfSubjectAccessReview says it is allowed; and which priority mode `auto` would pick.
@@ -9,6 +19,7 @@ Prints one line per check and exits non-zero if any required check fails.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +34,7 @@ from controller.live.discovery import (
     served_resources,
     served_versions,
 )
+from controller.live.metrics import Health
 from controller.live.rbac import Permission, permissions
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
@@ -75,6 +87,8 @@ def access_review(t: Transport, p: Permission) -> tuple[bool, str]:
     attrs: dict[str, str] = {"verb": p.verb, "group": p.group, "resource": p.resource}
     if p.namespace:
         attrs["namespace"] = p.namespace
+    if p.name:
+        attrs["name"] = p.name
     body = {
         "apiVersion": "authorization.k8s.io/v1",
         "kind": "SelfSubjectAccessReview",
@@ -102,8 +116,45 @@ def check_rbac(t: Transport, settings: Settings) -> list[Check]:
     return checks
 
 
+class Probes(Health):
+    """Liveness/startup and readiness of a running replica (see the module docstring)."""
+
+    def __init__(self, stale_after: float, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(stale_after, clock)
+        self._cycled = False
+        self._stale: tuple[str, ...] = ()
+
+    def beat(self) -> None:
+        self._cycled = True
+        super().beat()
+
+    def set_stale(self, stale: tuple[str, ...]) -> None:
+        """The caches (e.g. "workloads 130s") that are older than the bound; () = fresh."""
+        self._stale = stale
+
+    @property
+    def stale(self) -> tuple[str, ...]:
+        return self._stale
+
+    def alive(self) -> tuple[bool, str]:
+        if not self._cycled:
+            return False, "starting: the first cycle has not completed"
+        return super().alive()
+
+    def ready(self) -> tuple[bool, str]:
+        ok, why = super().ready()
+        if ok and self._stale:
+            return False, "stale cache: " + ", ".join(self._stale) + " (writes paused)"
+        return ok, why
+
+
 def check_mode(t: Transport, settings: Settings) -> Check:
-    gate, where = read_priority_boost_gate(t, settings.kueue_namespace)
+    try:
+        gate, where = read_priority_boost_gate(t, settings.kueue_namespace)
+    except ApiError as e:
+        return Check(WARN, "priority mode",
+                     f"cannot read Kueue's configuration ({e}); the controller would retry "
+                     "and keep the mode recorded on its Lease")
     choice = resolve_mode(settings.priority_mode, gate, where)
     status = WARN if "WARNING" in choice.reason else OK
     return Check(status, "priority mode", f"{choice.mode.value}: {choice.reason}")

@@ -20,7 +20,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from controller.live.api import JSON, ApiError
+from controller.live.api import JSON, ApiError, write_time_left
 
 DEFAULT_TIMEOUT = 30.0
 POOL_SIZE = 32
@@ -64,9 +64,10 @@ class KubeTransport:
 
     @classmethod
     def from_config(
-        cls, kubeconfig: str | None = None, context: str | None = None
+        cls, kubeconfig: str | None = None, context: str | None = None,
+        user_agent: str = "wdrf-controller",
     ) -> KubeTransport:
-        return cls(load_api_client(kubeconfig, context))
+        return cls(load_api_client(kubeconfig, context), user_agent)
 
     @property
     def host(self) -> str:
@@ -93,6 +94,12 @@ class KubeTransport:
             header_params=headers,
             auth_settings=["BearerToken"],
         )
+        # The last moment before the request goes on the wire: a write whose deadline has
+        # passed (the process was paused, or waited behind other requests) is refused here;
+        # one that is sent may take at most the time left.
+        left = write_time_left(method, path)
+        if left is not None:
+            timeout = left if not isinstance(timeout, (int, float)) else min(timeout, left)
         try:
             response = self._api.rest_client.request(
                 method, url, headers=header_params, body=body, _request_timeout=timeout

@@ -1,15 +1,27 @@
-"""Leader election with a coordination.k8s.io/v1 Lease (the client-go algorithm, simplified).
+"""Leader election with a coordination.k8s.io/v1 Lease (the client-go algorithm), safe by
+construction against two writers.
 
 * A replica takes the Lease when it is free (no holder), or when the holder has not renewed
   it for `lease_duration` seconds *as observed locally* (monotonic clock, so clock skew
   between nodes does not matter).
-* The leader renews every `retry_period`. `is_leader()` is true only while the last successful
-  renew is younger than `renew_deadline` (< `lease_duration`): a leader cut off from the
-  apiserver stops writing before anyone else may take over, so two replicas never write at
-  once.
-* `release()` on graceful shutdown empties the holder so another replica takes over at its
-  next retry instead of waiting for the Lease to expire.
+* The leader renews every `retry_period`. A renewal is stamped with the monotonic time taken
+  **before** its first request is sent: another replica can only have seen the renewal after
+  that moment, so it cannot take the Lease before `stamp + lease_duration`.
+* `is_leader()` holds only until `stamp + renew_deadline` (< `lease_duration`), and
+  `write_time_left()` is the time left until then: every write carries it as a deadline
+  (checked again right before the request goes on the wire, and used as its timeout), so no
+  write of ours can be sent once another replica may hold the Lease, even when a request or
+  the whole process hangs.
+* Lease requests time out after `request_timeout` < `lease_duration - renew_deadline`, so a
+  slow apiserver cannot keep a renewal pending across the hand-over window.
+* Losing the Lease (renew deadline passed, or someone else holds it) is reported once through
+  `on_change(False)`; the controller then exits and lets the Deployment restart it.
+* `release()` (graceful shutdown, after the last write and the history save) empties the
+  holder so another replica takes over at its next retry instead of waiting for expiry.
 * Every update is a PUT carrying the resourceVersion read: a concurrent update gets 409.
+* The Lease also carries annotations the leader wants every replica to agree on (the priority
+  mode): `annotations()` is written on every acquire/renew, `observed_annotations` is what the
+  last read found.
 """
 
 from __future__ import annotations
@@ -20,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +50,12 @@ def default_identity() -> str:
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
+def lease_request_timeout(lease_duration: float, renew_deadline: float,
+                          retry_period: float) -> float:
+    """Below `lease_duration - renew_deadline` (and no longer than a retry period)."""
+    return max(0.2, min(retry_period, 0.8 * (lease_duration - renew_deadline)))
+
+
 class LeaderElector:
     def __init__(
         self,
@@ -52,6 +70,8 @@ class LeaderElector:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
         on_change: Callable[[bool], None] | None = None,
+        annotations: Callable[[], Mapping[str, str]] | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         if not retry_period < renew_deadline < lease_duration:
             raise ValueError("need RETRY_PERIOD < RENEW_DEADLINE < LEASE_DURATION")
@@ -63,25 +83,41 @@ class LeaderElector:
         self.lease_duration = lease_duration
         self.renew_deadline = renew_deadline
         self.retry_period = retry_period
+        self.request_timeout = request_timeout or lease_request_timeout(
+            lease_duration, renew_deadline, retry_period)
+        if self.request_timeout >= lease_duration - renew_deadline:
+            raise ValueError("the Lease request timeout must be below "
+                             "LEASE_DURATION - RENEW_DEADLINE")
         self._clock = clock
         self._wall = wall
         self._on_change = on_change
+        self._annotations = annotations
         self._lock = threading.Lock()
-        self._last_renew: float | None = None  # monotonic time of our last successful write
+        self._last_renew: float | None = None  # monotonic stamp taken before the renewal
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
         self._leading = False
+        self._released = False
         self._release_lock = threading.Lock()
+        self.observed_annotations: dict[str, str] = {}
+        self.acquired_at: float | None = None  # monotonic time we last became leader
 
     # -- state ----------------------------------------------------------------------------
 
-    def is_leader(self) -> bool:
+    def write_time_left(self) -> float:
+        """Seconds during which a write may still be sent (<= 0: not the leader)."""
         with self._lock:
-            return (
-                self._leading
-                and self._last_renew is not None
-                and self._clock() - self._last_renew < self.renew_deadline
-            )
+            if not self._leading or self._last_renew is None:
+                return 0.0
+            return self._last_renew + self.renew_deadline - self._clock()
+
+    def is_leader(self) -> bool:
+        return self.write_time_left() > 0
+
+    @property
+    def leading(self) -> bool:
+        """Leadership as last decided by the election loop (for reporting)."""
+        return self._leading
 
     def _set_leading(self, leading: bool) -> None:
         with self._lock:
@@ -89,6 +125,8 @@ class LeaderElector:
             self._leading = leading
             if not leading:
                 self._last_renew = None
+            elif changed:
+                self.acquired_at = self._clock()
         self._metrics.is_leader.set(1 if leading else 0)
         if changed:
             log.info(
@@ -100,27 +138,38 @@ class LeaderElector:
 
     # -- one attempt ----------------------------------------------------------------------
 
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        return self._transport.request(method, path, body=body, timeout=self.request_timeout)
+
     def try_acquire_or_renew(self) -> bool:
         """One round: read the Lease, take or renew it if allowed. True if we hold it now."""
+        if self._released:
+            return False
+        stamp = self._clock()  # before anything is sent: see the module docstring
         path = LEASES.item(self.name, self.namespace)
         try:
-            lease: JSON | None = self._transport.request("GET", path)
+            lease: JSON | None = self._request("GET", path)
         except ApiError as e:
             if e.status != 404:
                 raise
             lease = None
         now = self._wall()
         if lease is None:
-            self._transport.request(
-                "POST", LEASES.collection(self.namespace), body=self._new_lease(now)
-            )
-            self._renewed()
+            body = self._new_lease(now)
+            self._request("POST", LEASES.collection(self.namespace), body)
+            self._renewed(stamp)
             return True
+        meta: dict[str, Any] = lease.setdefault("metadata", {})
+        self.observed_annotations = dict(meta.get("annotations") or {})
         spec: dict[str, Any] = lease.get("spec") or {}
         holder = str(spec.get("holderIdentity") or "")
         self._observe(holder, str(spec.get("renewTime") or ""))
         if holder and holder != self.identity and not self._expired(spec):
             return False
+        if holder == self.identity and not self._leading:
+            # Our own identity from an earlier life of this object (a leadership we lost):
+            # take it again like any other, as a transition.
+            holder = ""
         new_spec = dict(spec)
         if holder != self.identity:
             new_spec["acquireTime"] = micro_time(now)
@@ -129,15 +178,22 @@ class LeaderElector:
         new_spec["leaseDurationSeconds"] = round(self.lease_duration)
         new_spec["renewTime"] = micro_time(now)
         lease["spec"] = new_spec
-        self._transport.request("PUT", path, body=lease)  # carries resourceVersion: 409 on race
-        self._renewed()
+        wanted = dict(self._annotations() if self._annotations else {})
+        if wanted and any(self.observed_annotations.get(k) != v for k, v in wanted.items()):
+            meta["annotations"] = {**self.observed_annotations, **wanted}
+        self._request("PUT", path, lease)  # carries resourceVersion: 409 on race
+        self._renewed(stamp)
         return True
 
     def _new_lease(self, now: datetime) -> JSON:
+        meta: JSON = {"name": self.name, "namespace": self.namespace}
+        wanted = dict(self._annotations() if self._annotations else {})
+        if wanted:
+            meta["annotations"] = wanted
         return {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
+            "metadata": meta,
             "spec": {
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": round(self.lease_duration),
@@ -157,15 +213,18 @@ class LeaderElector:
         duration = float(spec.get("leaseDurationSeconds") or self.lease_duration)
         return self._clock() - self._observed_at > duration
 
-    def _renewed(self) -> None:
+    def _renewed(self, stamp: float) -> None:
         with self._lock:
-            self._last_renew = self._clock()
+            if self._released:
+                return
+            self._last_renew = stamp
         self._set_leading(True)
 
     # -- the loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Acquire, then renew, until `stop`; then release if leading."""
+        """Acquire, then renew, until `stop`. Does not release: the owner calls `release()`
+        once its last write is done (see the runner's shutdown)."""
         rng = random.Random()
         while not stop.is_set():
             try:
@@ -174,6 +233,8 @@ class LeaderElector:
                 self._metrics.api_errors.labels(e.code_label).inc()
                 log.warning("Lease %s/%s: %s", self.namespace, self.name, e)
                 held = False
+            if stop.is_set():
+                break
             if not held and self._leading and not self.is_leader():
                 self._set_leading(False)  # renew deadline passed
             elif not held and self._leading and self._observed and (
@@ -182,32 +243,42 @@ class LeaderElector:
                 self._set_leading(False)  # someone else holds it now
             # client-go jitters the retry of non-leaders by up to 20 %.
             wait = self.retry_period * (1.0 if self._leading else rng.uniform(1.0, 1.2))
+            if self._leading:
+                # Never sleep past the renew deadline without noticing it.
+                wait = max(0.05, min(wait, self.write_time_left()))
             stop.wait(wait)
-        self.release()
+            if self._leading and not self.is_leader() and not stop.is_set():
+                self._set_leading(False)
 
-    def release(self) -> None:
-        """Give the Lease up (graceful shutdown), so the next replica takes over at once."""
+    def release(self) -> bool:
+        """Give the Lease up (graceful shutdown), so the next replica takes over at once.
+        From the first line on, no write of ours passes the guard. True if released."""
         with self._release_lock:
-            if not self._leading:
-                return
-            # Stop writing first: from here on `is_leader()` is false.
-            self._set_leading(False)
+            with self._lock:
+                self._released = True
+                was_leading = self._leading
+                self._leading = False
+                self._last_renew = None
+            self._metrics.is_leader.set(0)
+            if not was_leading:
+                return False
             path = LEASES.item(self.name, self.namespace)
             for _ in range(3):  # a 409 means our own renew raced us: read again
                 try:
-                    lease: JSON = self._transport.request("GET", path)
+                    lease: JSON = self._request("GET", path)
                     spec = lease.get("spec") or {}
                     if spec.get("holderIdentity") != self.identity:
-                        return
+                        return False
                     spec["holderIdentity"] = ""
                     spec["leaseDurationSeconds"] = 1
                     spec["renewTime"] = micro_time(self._wall())
                     lease["spec"] = spec
-                    self._transport.request("PUT", path, body=lease)
+                    self._request("PUT", path, lease)
                     log.info("released Lease %s/%s", self.namespace, self.name)
-                    return
+                    return True
                 except ApiError as e:
                     if e.status != 409:
                         log.warning("could not release Lease %s/%s: %s",
                                     self.namespace, self.name, e)
-                        return
+                        return False
+            return False

@@ -1,4 +1,4 @@
-"""The live controller: caches -> snapshot -> plan -> minimal writes, every LOOP_INTERVAL.
+"""The live controller's composition root: caches -> snapshot -> plan -> minimal writes.
 
 Layout of one process:
 
@@ -9,32 +9,32 @@ Layout of one process:
 * the main thread runs cycles: every LOOP_INTERVAL, and within ~2 s of a watch event that
   `needs_prompt_cycle` (a new urgent/approved workload, a class change).
 
-Writes go through one transport stack:  kubernetes client -> CountingTransport ->
-[ReadOnlyTransport in dry run] -> GuardedTransport(leader only) -> applier / Events / history.
-A dry run therefore runs the very same code path and every write is refused before it leaves
-the process; the refused writes are what the dry run reports.
+Request stack (bottom first): kubernetes client -> CountingTransport -> RateLimitedTransport
+(client-side QPS; not the Lease) -> [ReadOnlyTransport in dry run] -> GuardedTransport (leader
+only, each write with the deadline of the Lease) -> applier / Events / history. A dry run runs
+the very same code path and every write is refused before it leaves the process.
+
+What lives elsewhere: the per-object and per-plan diff (`diff`), sending (`apply`), which
+Events a write gives (`outcomes`), process entry points and signals (`main`), probes
+(`health`).
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from types import FrameType
 
+from controller.accounting import UsageHistory
 from controller.config import Settings
 from controller.domain import (
     GPUCORES,
     GPUMEM_PERCENTAGE,
     ClusterQueue,
-    InputProblem,
     KueueApiVersion,
-    ObjectRef,
-    Workload,
 )
 from controller.live.api import (
     CLUSTER_QUEUES,
@@ -43,52 +43,45 @@ from controller.live.api import (
     NODES,
     PODS,
     WORKLOADS,
+    ApiError,
     CountingTransport,
     GuardedTransport,
+    RateLimitedTransport,
     ReadOnlyTransport,
     Resource,
+    TokenBucket,
     Transport,
 )
 from controller.live.apply import (
-    APPLIED,
-    CONFLICT,
     DEFERRED,
-    FAILED,
     REFUSED,
-    UNSUPPORTED,
     Applier,
     ApplyReport,
     Outcome,
 )
 from controller.live.backoff import Backoff
 from controller.live.cache import Informer, WatchSpec
-from controller.live.diff import (
-    GPU_FRACTION,
-    PRIORITY,
-    Change,
-    Diff,
-    Notice,
-    diff_job_hami,
-    diff_pods_hami,
-    diff_priority,
-    fraction_refused_notice,
-)
+from controller.live.diff import PRIORITY, Change, Diff, Notice, plan_diff
 from controller.live.discovery import (
+    MODE_ANNOTATION,
     ModeChoice,
     QuotaCheck,
     choose_kueue_version,
     kueue_resource,
+    mode_from_annotation,
     read_priority_boost_gate,
     read_quota_check,
     resolve_mode,
     served_versions,
 )
 from controller.live.events import EventRecorder
+from controller.live.health import Probes
 from controller.live.history import HistoryStore
 from controller.live.leader import LeaderElector, default_identity
-from controller.live.metrics import Health, HttpServer, Metrics
+from controller.live.metrics import HttpServer, Metrics
+from controller.live.outcomes import finding_events, outcome_events
 from controller.live.snapshot import Built, Parsers, SnapshotBuilder, needs_prompt_cycle
-from controller.plan import Plan, WorkloadDecision
+from controller.plan import Plan, PriorityMode, WorkloadDecision
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +90,13 @@ POD_SELECTOR = "kueue.x-k8s.io/managed=true"  # pods of Kueue's pod integration
 MIN_TRIGGER_GAP = 0.5  # seconds between prompt cycles, so a burst of arrivals is one cycle
 SYNC_TIMEOUT = 120.0
 APPLY_WORKERS = 8  # concurrent writes (a first cycle on a big cluster writes thousands)
+FRESHNESS_CRITICAL = ("workloads", "clusterqueues")  # stale -> not ready, writes paused
+SHUTDOWN_GRACE = 25.0  # below the Deployment's terminationGracePeriodSeconds (30)
+
+
+def setting(settings: Settings, name: str, default: float) -> float:
+    """A setting that may not exist in older configs (read defensively)."""
+    return float(getattr(settings, name, default))
 
 
 def default_parsers() -> Parsers:
@@ -130,18 +130,26 @@ def queue_warnings(queues: Iterable[ClusterQueue]) -> list[str]:
     return out
 
 
-def problem_reason(problem: InputProblem) -> str:
-    return "InvalidAnnotation" if "annotations" in problem.field else "InvalidInput"
+def order_writes(changes: list[Change]) -> list[Change]:
+    """Priority writes, most important first (`controller.plan.write_order`: urgent, class
+    and override changes, then admitted guards, then the rest); stable within a group."""
+    from controller import plan as plan_module
+
+    order = getattr(plan_module, "write_order", None)
+    if order is None:
+        return list(changes)
+    return sorted(changes, key=lambda c: int(order(c.decision, c.old_terms)))
 
 
 @dataclass
 class CycleReport:
     plan: Plan
     changes: list[Change] = field(default_factory=list)
-    notices: list[Notice] = field(default_factory=list)
     applied: ApplyReport | None = None
     leader: bool = False
+    paused: str = ""  # why writes were paused this cycle (stale cache), "" = not paused
     seconds: float = 0.0
+    notices: list[Notice] = field(default_factory=list)
 
     def refused(self) -> list[Change]:
         return [o.change for o in self.applied.outcomes if o.result == REFUSED] if (
@@ -170,16 +178,24 @@ class LiveController:
         self.counting = CountingTransport(
             transport, lambda verb, res: self.metrics.api_requests.labels(verb, res).inc()
         )
-        base: Transport = ReadOnlyTransport(self.counting) if dry_run else self.counting
+        self.bucket = TokenBucket(setting(settings, "client_qps", 50.0),
+                                  int(setting(settings, "client_burst", 100)))
+        limited = RateLimitedTransport(self.counting, self.bucket)
+        base: Transport = ReadOnlyTransport(limited) if dry_run else limited
         self.reader = base
+        self.stop_event = threading.Event()  # stop planning (SIGTERM, lost leadership)
+        self._elector_stop = threading.Event()  # stop renewing (after the last write)
+        self.lost_leadership = False
         self.elector: LeaderElector | None = None
         if settings.leader_election and not dry_run:
+            # The Lease talks to the apiserver directly: never behind the rate limiter.
             self.elector = LeaderElector(
-                base, settings.controller_namespace, settings.lease_name, self.identity,
-                self.metrics, settings.lease_duration, settings.renew_deadline,
+                self.counting, settings.controller_namespace, settings.lease_name,
+                self.identity, self.metrics, settings.lease_duration, settings.renew_deadline,
                 settings.retry_period, on_change=self._leadership_changed,
+                annotations=self._lease_annotations,
             )
-            self.writer: Transport = GuardedTransport(base, self.elector.is_leader,
+            self.writer: Transport = GuardedTransport(base, self.elector.write_time_left,
                                                       "not the leader")
         else:
             self.writer = base
@@ -188,20 +204,25 @@ class LiveController:
         self.applier = Applier(
             self.writer, self.metrics, max_attempts=settings.api_retries,
             retry_budget=min(10.0, max(settings.loop_interval / 2, 1.0)), workers=APPLY_WORKERS,
+            stopping=self.stop_event.is_set,
         )
         self.history_store = HistoryStore(
             self.writer, settings.controller_namespace, settings.history_config_map,
             save_every=max(60.0, settings.loop_interval),
         )
-        self.history = None if settings.usage_half_life <= 0 else self.history_store.load()
+        self.history: UsageHistory | None = (
+            None if settings.usage_half_life <= 0 else self.history_store.load())
         self.builder = SnapshotBuilder(parsers or default_parsers())
-        self.health = Health(stale_after=max(60.0, 3 * settings.loop_interval))
+        self.health = Probes(stale_after=max(60.0, 3 * settings.loop_interval))
+        self.max_staleness = setting(settings, "cache_max_staleness", 120.0)
+        self.write_budget = int(setting(settings, "write_budget", 1000))
         self.trigger = threading.Event()
-        self.stop_event = threading.Event()
         self._watch_timeout = watch_timeout
         self._threads: list[threading.Thread] = []
         self._warned: set[str] = set()
         self._reload_history = False
+        self._redetect = False
+        self._cycle_lock = threading.Lock()
         self.mode: ModeChoice | None = None
         self.quota_check = QuotaCheck()
         self.kueue_version: KueueApiVersion | None = None
@@ -211,20 +232,66 @@ class LiveController:
 
     # -- start-up -------------------------------------------------------------------------
 
-    def discover(self) -> None:
-        """Kueue API version and priority mode; retries until the apiserver answers."""
+    def _lease_annotations(self) -> dict[str, str]:
+        return {MODE_ANNOTATION: self.mode.mode.value} if self.mode is not None else {}
+
+    def _persisted_mode(self) -> PriorityMode | None:
+        """The mode the leader recorded on the Lease (None when there is none)."""
+        from controller.live.api import LEASES
+
+        if self.elector is not None and self.elector.observed_annotations:
+            return mode_from_annotation(self.elector.observed_annotations.get(MODE_ANNOTATION))
+        try:
+            lease = self.reader.request(
+                "GET", LEASES.item(self.settings.lease_name, self.settings.controller_namespace))
+        except ApiError:
+            return None
+        ann = ((lease or {}).get("metadata") or {}).get("annotations") or {}
+        return mode_from_annotation(ann.get(MODE_ANNOTATION))
+
+    def detect_mode(self) -> ModeChoice:
+        """The priority mode from Kueue's configuration; when that cannot be read (anything
+        but 404), the mode recorded on the Lease, else the last known one; raises `ApiError`
+        when there is neither."""
+        configured = self.settings.priority_mode
+        try:
+            gate, where = read_priority_boost_gate(self.reader, self.settings.kueue_namespace)
+        except ApiError as e:
+            if configured is not PriorityMode.AUTO:
+                return resolve_mode(configured, None, f"Kueue's configuration unreadable: {e}")
+            persisted = self._persisted_mode()
+            if persisted is not None:
+                return ModeChoice(persisted, None, f"auto: Kueue's configuration unreadable "
+                                  f"({e.status or e.reason}); mode {persisted.value} as "
+                                  f"recorded on Lease {self.settings.lease_name}")
+            if self.mode is not None:
+                return ModeChoice(self.mode.mode, self.mode.gate,
+                                  f"{self.mode.reason} (kept: Kueue's configuration "
+                                  f"unreadable: {e.status or e.reason})")
+            raise
+        return resolve_mode(configured, gate, where)
+
+    def discover(self, deadline: float | None = None) -> None:
+        """Kueue API version and priority mode; retries until the apiserver answers (or
+        `stop_event`, or the monotonic `deadline`)."""
         backoff = Backoff(initial=1.0, cap=30.0)
         while not self.stop_event.is_set():
             try:
                 self.kueue_version = choose_kueue_version(
                     served_versions(self.reader, "kueue.x-k8s.io")
                 )
-                gate, where = read_priority_boost_gate(self.reader, self.settings.kueue_namespace)
-                self.mode = resolve_mode(self.settings.priority_mode, gate, where)
-                self.quota_check = read_quota_check(self.reader, self.settings.kueue_namespace)
+                self.mode = self.detect_mode()
+                try:
+                    self.quota_check = read_quota_check(self.reader,
+                                                        self.settings.kueue_namespace)
+                except ApiError as e:
+                    log.warning("cannot read Kueue's resources configuration (%s): assuming "
+                                "BlockUndeclared (GPU fractions only where covered)", e)
                 break
             except Exception as e:
                 delay = backoff.next()
+                if deadline is not None and time.monotonic() + delay > deadline:
+                    raise
                 log.warning("start-up discovery failed (%s); retrying in %.1fs", e, delay)
                 self.health.set_ready(False, f"discovery: {e}")
                 self.stop_event.wait(delay)
@@ -234,6 +301,19 @@ class LiveController:
                 self.kueue_version.value, self.mode.mode.value, self.mode.reason,
                 "; DRY RUN: nothing will be written" if self.dry_run else "",
             )
+
+    def _refresh_mode(self) -> None:
+        """On becoming leader: one fresh look at Kueue's configuration (the Lease records
+        the result); keeps the current mode when it cannot be read."""
+        try:
+            choice = self.detect_mode()
+        except ApiError as e:
+            log.warning("cannot re-read Kueue's configuration (%s); keeping mode %s", e,
+                        self.mode.mode.value if self.mode else "?")
+            return
+        if self.mode is None or choice.mode is not self.mode.mode:
+            log.warning("priority mode %s (%s)", choice.mode.value, choice.reason)
+        self.mode = choice
 
     def _resource(self, base: Resource) -> Resource:
         assert self.kueue_version is not None
@@ -263,6 +343,11 @@ class LiveController:
 
     def start(self, serve_http: bool = True) -> None:
         """Discover, start watches, leader election and the HTTP server (not blocking)."""
+        if serve_http and self.settings.metrics_port:
+            # First, so the startupProbe sees "starting" rather than a refused connection.
+            self.http = HttpServer(self.metrics, self.health, self.settings.metrics_port)
+            self.http.start()
+            log.info("serving /metrics, /healthz, /readyz on :%d", self.http.port)
         self.discover()
         if self.stop_event.is_set():
             return
@@ -271,11 +356,7 @@ class LiveController:
             self._spawn(f"watch-{name}", self._runner_of(inf))
         if self.elector is not None:
             elector = self.elector
-            self._spawn("leader-election", lambda: elector.run(self.stop_event))
-        if serve_http and self.settings.metrics_port:
-            self.http = HttpServer(self.metrics, self.health, self.settings.metrics_port)
-            self.http.start()
-            log.info("serving /metrics, /healthz, /readyz on :%d", self.http.port)
+            self._spawn("leader-election", lambda: elector.run(self._elector_stop))
 
     def _runner_of(self, informer: Informer) -> Callable[[], None]:
         return lambda: informer.run(self.stop_event)
@@ -299,7 +380,16 @@ class LiveController:
 
     def _leadership_changed(self, leading: bool) -> None:
         if leading:
-            self._reload_history = True
+            self._reload_history = self.settings.usage_half_life > 0
+            self._redetect = self.settings.priority_mode is PriorityMode.AUTO
+            self.trigger.set()
+        elif not self.stop_event.is_set():
+            # Lost, not released: stop at once and let the Deployment restart this replica
+            # (a clean follower start), as client-go's OnStoppedLeading does.
+            log.error("lost leadership of Lease %s/%s; exiting",
+                      self.settings.controller_namespace, self.settings.lease_name)
+            self.lost_leadership = True
+            self.stop_event.set()
             self.trigger.set()
 
     # -- one cycle ------------------------------------------------------------------------
@@ -323,35 +413,45 @@ class LiveController:
         built = self.snapshot()
         return compute_plan(built.snapshot, self.settings, now, self.history), built
 
+    def stale_caches(self) -> tuple[str, ...]:
+        """Workload/ClusterQueue caches older than CACHE_MAX_STALENESS ("workloads 130s")."""
+        out = []
+        for name in FRESHNESS_CRITICAL:
+            inf = self.informers.get(name)
+            if inf is None:
+                continue
+            age = inf.age()
+            if age > self.max_staleness:
+                out.append(f"{name} {age:.0f}s" if age != float("inf") else f"{name} never")
+        return tuple(out)
+
     def run_cycle(self, now: datetime | None = None) -> CycleReport:
+        with self._cycle_lock:
+            return self._run_cycle(now)
+
+    def _run_cycle(self, now: datetime | None) -> CycleReport:
         started = time.monotonic()
         now = now or datetime.now(UTC)
+        if self._redetect:
+            self._redetect = False
+            self._refresh_mode()
         if self._reload_history and self.settings.usage_half_life > 0:
             self._reload_history = False
             self.history = self.history_store.load() or self.history
         plan, built = self.plan(now)
         if plan.history is not None:
             self.history = plan.history
+        stale = self.stale_caches()
+        self.health.set_stale(stale)
         self._observe(plan, built)
         self._warn_queues(built.snapshot.cluster_queues)
         report = CycleReport(plan, leader=self.may_write())
-        if report.leader:
-            diff = self.diff(plan, built)
-            report.changes, report.notices = list(diff.changes), list(diff.notices)
-            # HAMi (Job template) writes first: a template change can make Kueue rebuild a
-            # Workload's spec; the priority written after it then sticks.
-            hami = [c for c in diff.changes if c.what != PRIORITY]
-            prio = [c for c in diff.changes if c.what == PRIORITY]
-
-            def after(outcome: Outcome) -> None:
-                self._outcome_events(outcome, built)
-
-            report.applied = ApplyReport(
-                self.applier.apply(hami, after).outcomes + self.applier.apply(prio, after).outcomes
-            )
-            self._emit_events(plan, diff)
-            if self.history is not None and not self.dry_run:
-                self.history_store.save(self.history)
+        if report.leader and stale:
+            report.paused = "stale cache: " + ", ".join(stale)
+            log.warning("writes paused: %s (CACHE_MAX_STALENESS %.0fs)", report.paused,
+                        self.max_staleness)
+        elif report.leader and not self.stop_event.is_set():
+            self._write(plan, built, report)
         report.seconds = time.monotonic() - started
         self.metrics.cycle_duration.observe(report.seconds)
         self.metrics.cycles.labels("leader" if report.leader else "follower").inc()
@@ -361,43 +461,44 @@ class LiveController:
         self._log_cycle(report)
         return report
 
+    def _write(self, plan: Plan, built: Built, report: CycleReport) -> None:
+        diff = self.diff(plan, built)
+        report.changes, report.notices = list(diff.changes), list(diff.notices)
+        # HAMi (Job template) writes first: a template change can make Kueue rebuild a
+        # Workload's spec; the priority written after it then sticks.
+        hami = [c for c in diff.changes if c.what != PRIORITY]
+        prio = order_writes([c for c in diff.changes if c.what == PRIORITY])
+        over = prio[self.write_budget:] if self.write_budget >= 0 else []
+        prio = prio[: max(self.write_budget, 0)]
+        if over:
+            log.info("write budget: %d priority writes this cycle, %d wait for the next",
+                     len(prio), len(over))
+            for c in over:
+                self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
+
+        def after(outcome: Outcome) -> None:
+            outcome_events(self.events, outcome, built.workloads.get(outcome.change.decision.key))
+
+        report.applied = ApplyReport(
+            self.applier.apply(hami, after).outcomes + self.applier.apply(prio, after).outcomes
+            + [Outcome(c, DEFERRED) for c in over]
+        )
+        if not self.stop_event.is_set():
+            finding_events(self.events, plan, diff)
+        if self.history is not None and not self.dry_run:
+            self.history_store.save(self.history)
+
     def diff(self, plan: Plan, built: Built) -> Diff:
         assert self.mode is not None
-        mode = self.mode.mode
-        wl_resource = self._resource(WORKLOADS)
-        jobs, workloads = self.informers["jobs"], self.informers["workloads"]
-        pods_by_uid = {str(p["metadata"].get("uid")): p for p in self.informers["pods"].items()}
         covered = {cq.name: {q.resource for q in cq.quotas}
                    for cq in built.snapshot.cluster_queues}
-        hami: list[Change] = []
-        priority: list[Change] = []
-        notices: list[Notice] = []
-        for d in plan.decisions:
-            if d.leave_unchanged:
-                continue
-            raw = workloads.get(d.key)
-            if raw is None:
-                continue
-            change = diff_priority(d, raw, wl_resource, mode)
-            if change is not None:
-                priority.append(change)
-            wl = built.workloads.get(d.key)
-            if d.hami is None or wl is None:
-                continue
-            if wl.owner is not None and wl.owner.kind == "Job":
-                job = jobs.get(f"{wl.namespace}/{wl.owner.name}")
-                if job is None:
-                    continue
-                part = diff_job_hami(d, job, JOBS, self.applier.resources_mutable,
-                                     self._fraction_blocked(d, covered))
-            else:
-                owned = [pods_by_uid[str(o.get("uid"))]
-                         for o in raw["metadata"].get("ownerReferences") or []
-                         if str(o.get("uid")) in pods_by_uid]
-                part = diff_pods_hami(d, owned, PODS)
-            hami.extend(part.changes)
-            notices.extend(part.notices)
-        return Diff(tuple(hami + priority), tuple(notices))
+        pods_by_uid = {str(p["metadata"].get("uid")): p for p in self.informers["pods"].items()}
+        return plan_diff(
+            plan.decisions, self.mode.mode, self._resource(WORKLOADS),
+            self.informers["workloads"].get, self.informers["jobs"].get, pods_by_uid,
+            fraction_refused=self.applier.refused_fraction,
+            fraction_blocked=lambda d: self._fraction_blocked(d, covered),
+        )
 
     def _fraction_blocked(self, d: WorkloadDecision, covered: dict[str, set[str]]) -> str:
         """Why writing the GPU fraction would hurt: Kueue would block the Workload because
@@ -446,48 +547,14 @@ class LiveController:
     def _log_cycle(self, report: CycleReport) -> None:
         counts = report.applied.counts() if report.applied else {}
         level = logging.INFO if counts else logging.DEBUG
+        note = "" if report.leader else " (not leader: no writes)"
+        if report.paused:
+            note = f" (writes paused: {report.paused})"
         log.log(level, "cycle %d: %d pending, %d changes %s, %.3fs%s",
-                 self.cycles, len(report.plan.decisions), len(report.changes), counts,
-                 report.seconds, "" if report.leader else " (not leader: no writes)",
-                 extra={"pending": len(report.plan.decisions), "results": counts,
-                        "seconds": round(report.seconds, 4)})
-
-    # -- Events ---------------------------------------------------------------------------
-
-    def _outcome_events(self, outcome: Outcome, built: Built) -> None:
-        """Events for one write, right after it (in the applier's worker thread)."""
-        from controller.render import reason as why
-
-        c, d = outcome.change, outcome.change.decision
-        targets = _workload_and_owner(built.workloads.get(d.key))
-        if outcome.result == APPLIED and c.what == PRIORITY:
-            text = f"{c.summary}: {why(d)} (rank {d.rank} in ClusterQueue {d.cluster_queue})"
-            for ref in targets:
-                self.events.emit(ref, "PriorityChanged", text, dedupe="priority")
-        elif outcome.result == APPLIED:
-            text = f"HAMi settings applied to {c.ref}: {c.summary}"
-            for ref in {c.ref, *targets}:
-                self.events.emit(ref, "HamiSettingsApplied", text, dedupe=c.what)
-        elif outcome.result == UNSUPPORTED and c.what == GPU_FRACTION and d.hami is not None:
-            note = fraction_refused_notice(c.ref, d.hami)
-            for ref in {c.ref, *targets}:
-                self.events.emit(ref, note.reason, note.message, "Warning")
-        elif outcome.result in (FAILED, CONFLICT) or (
-            outcome.result == DEFERRED and outcome.error is not None
-            and outcome.error.status != 0
-        ):
-            self.events.emit(c.ref, "PatchFailed",
-                             f"could not apply {c.summary}: {outcome.error}", "Warning",
-                             dedupe=c.what)
-
-    def _emit_events(self, plan: Plan, diff: Diff) -> None:
-        """Events that do not come from a write: notices and invalid input."""
-        for notice in diff.notices:
-            self.events.emit(notice.ref, notice.reason, notice.message, notice.type)
-        for problem in _problems(plan):
-            if problem.object is None or not problem.object.name:
-                continue
-            self.events.emit(problem.object, problem_reason(problem), str(problem), "Warning")
+                self.cycles, len(report.plan.decisions), len(report.changes), counts,
+                report.seconds, note,
+                extra={"pending": len(report.plan.decisions), "results": counts,
+                       "seconds": round(report.seconds, 4)})
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -514,17 +581,29 @@ class LiveController:
                         self.stop_event.wait(gap)
                     break
 
-    def shutdown(self) -> None:
-        self.stop_event.set()
-        if self.history is not None and not self.dry_run and self.may_write():
-            self.history_store.save(self.history, force=True)
-        if self.elector is not None:
-            # The election thread releases the Lease when it sees `stop_event`; wait for it,
-            # then make sure (it may not have been started).
-            for t in self._threads:
-                if t.name == "leader-election":
-                    t.join(self.elector.retry_period * 1.5 + 10)
-            self.elector.release()
+    def shutdown(self, grace: float = SHUTDOWN_GRACE) -> None:
+        """Stop planning, let in-flight writes finish, save the history, then release the
+        Lease — in that order, within `grace` seconds (the Deployment's
+        terminationGracePeriodSeconds is 30)."""
+        deadline = time.monotonic() + grace
+        self.stop_event.set()  # no new cycle, no new write (the applier checks it)
+        self.trigger.set()
+        drained = self._cycle_lock.acquire(timeout=max(0.0, deadline - time.monotonic() - 3))
+        try:
+            if not drained:
+                log.warning("the last cycle did not finish within the grace period")
+            if self.history is not None and not self.dry_run and self.may_write():
+                self.history_store.save(self.history, force=True)
+            if self.elector is not None:
+                self._elector_stop.set()
+                for t in self._threads:
+                    if t.name == "leader-election":
+                        t.join(max(0.0, min(self.elector.request_timeout * 2 + 1,
+                                            deadline - time.monotonic())))
+                self.elector.release()
+        finally:
+            if drained:
+                self._cycle_lock.release()
         if self.http is not None:
             self.http.stop()
         close = getattr(self._transport, "close", None)
@@ -532,139 +611,4 @@ class LiveController:
             close()  # end open watches now rather than at their server-side timeout
 
 
-def _workload_and_owner(wl: Workload | None) -> list[ObjectRef]:
-    if wl is None:
-        return []
-    refs = [wl.ref]
-    if wl.owner is not None and wl.owner.kind == "Job":
-        refs.append(ObjectRef("Job", wl.owner.name, wl.namespace, wl.owner.uid, "batch/v1"))
-    return refs
-
-
-def _problems(plan: Plan) -> list[InputProblem]:
-    out: list[InputProblem] = []
-    for d in plan.decisions:
-        out.extend(d.problems)
-    out.extend(plan.problems)
-    return out
-
-
-# -- entry points used by controller.cli ----------------------------------------------------
-
-
-def _transport(settings: Settings) -> Transport:
-    from controller.live.kube import KubeTransport
-
-    return KubeTransport.from_config(settings.kubeconfig_path or None)
-
-
-def _print_plan(report: CycleReport, output: str, settings: Settings) -> str:
-    from controller.render import render
-
-    text = render(report.plan, output, settings)
-    if output == "table":
-        refused = report.refused()
-        lines = [text, "", f"Writes a live run would make ({len(refused)}):"]
-        lines += [f"  - {c.ref}: {c.summary}" for c in refused] or ["  (none)"]
-        text = "\n".join(lines)
-    return text
-
-
-def run_live(settings: Settings, dry_run: bool, once: bool, output: str) -> int:
-    """`python -m controller` without --from-file. Returns the process exit code."""
-    from controller.live.logs import setup_logging
-
-    setup_logging(settings.log_level, settings.log_format)
-    try:
-        transport = _transport(settings)
-    except Exception as e:
-        log.error("cannot configure the Kubernetes client: %s", e)
-        return 1
-    controller = LiveController(settings, transport, dry_run=dry_run)
-    previous = _install_signal_handlers(controller.stop_event)
-    try:
-        if once:
-            return _run_once(controller, output)
-        controller.start()
-        if controller.stop_event.is_set():
-            return 0
-        if not controller.wait_synced():
-            log.warning("caches not synced after %.0fs; running anyway", SYNC_TIMEOUT)
-        if dry_run:
-            _dry_run_loop(controller, output)
-        else:
-            controller.loop()
-        return 0
-    finally:
-        controller.shutdown()
-        _restore_signal_handlers(previous)
-        log.info("stopped; %s", dict(controller.counting.snapshot()))
-
-
-def _run_once(controller: LiveController, output: str) -> int:
-
-    controller.discover()
-    if controller.stop_event.is_set():
-        return 0
-    controller.build_informers()
-    controller.sync_once()
-    elector: LeaderElector | None = controller.elector
-    if elector is not None:
-        try:
-            if not elector.try_acquire_or_renew():
-                log.warning("another replica holds Lease %s/%s: computing only, no writes",
-                            elector.namespace, elector.name)
-        except Exception as e:
-            log.warning("could not take the Lease (%s): computing only, no writes", e)
-    report = controller.run_cycle()
-    if controller.dry_run:
-        print(_print_plan(report, output, controller.settings), flush=True)
-    failed = report.applied.by_result(FAILED) if report.applied else []
-    return 1 if failed else 0
-
-
-def _dry_run_loop(controller: LiveController, output: str) -> None:
-    last = ""
-    while not controller.stop_event.is_set():
-        report = controller.run_cycle()
-        text = _print_plan(report, output, controller.settings)
-        if text != last:
-            print(text, flush=True)
-            last = text
-        controller.stop_event.wait(controller.settings.loop_interval)
-
-
-def live_plan(settings: Settings, now: datetime) -> Plan:
-    """For `explain` without --from-file: one LIST per resource, one plan, no writes."""
-    controller = LiveController(settings, ReadOnlyTransport(_transport(settings)),
-                                dry_run=True)
-    controller.discover()
-    controller.build_informers()
-    controller.sync_once()
-    plan, _ = controller.plan(now)
-    return plan
-
-
-_Handler = Callable[[int, FrameType | None], object] | int | None
-
-
-def _install_signal_handlers(stop: threading.Event) -> dict[int, _Handler]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-
-    def handler(signum: int, _frame: FrameType | None) -> None:
-        log.info("signal %d: shutting down (releasing the Lease)", signum)
-        stop.set()
-
-    previous: dict[int, _Handler] = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        previous[sig] = signal.signal(sig, handler)
-    return previous
-
-
-def _restore_signal_handlers(previous: dict[int, _Handler]) -> None:
-    for sig, handler in previous.items():
-        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-
-__all__ = ["LiveController", "live_plan", "run_live"]
+__all__ = ["CycleReport", "LiveController", "queue_warnings"]

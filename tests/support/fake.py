@@ -1,10 +1,15 @@
-"""An in-memory stand-in for the apiserver behind `Transport`, for unit tests and local runs.
+"""An in-memory stand-in for the apiserver behind `Transport`, for unit tests only.
 
-It implements just what the controller uses: GET of items and collections (label selectors
-`k`, `k=v`, `!k`; `limit`/`continue` pagination), watches from a resourceVersion (with
-`410 Gone` after `compact`), POST (incl. `generateName`), PUT with optimistic concurrency,
-and PATCH as JSON merge patch, strategic merge patch (lists of named items merged by name)
-and JSON patch (add, replace, remove, test). Failures can be injected per method and path.
+It implements just what the controller uses, answering as kube-apiserver does where it
+implements something at all: GET of items and collections (label selectors `k`, `k=v`,
+`!k`; `limit`/`continue` pagination), watches from a resourceVersion (with `410 Gone` after
+`compact`) that stay open until their `timeoutSeconds` (or `close()`), sending a BOOKMARK
+every `bookmark_every` seconds while idle, POST (incl. `generateName`), PUT with optimistic
+concurrency, and PATCH as JSON merge patch, JSON patch (add, replace, remove, test; list
+indices) and strategic merge patch — the latter only for built-in kinds: for custom
+resources (`*.x-k8s.io`) it answers 415 like the real apiserver. Objects of kinds with a
+status subresource keep their `status` on writes to the main resource, and only their
+`status` changes on writes to `.../status`. Failures can be injected per method and path.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import copy
 import itertools
 import json
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +33,27 @@ class _Failure:
     status: int
     times: int
     message: str
+
+
+# Kinds whose objects have a status subresource (the main resource ignores `status`).
+STATUS_SUBRESOURCE = frozenset({"workloads", "clusterqueues", "localqueues", "jobs", "pods",
+                                "nodes", "deployments"})
+
+
+def _subresource(path: str) -> tuple[str, str]:
+    """-> (path of the object, subresource or "")."""
+    parts = [p for p in path.split("/") if p]
+    root_len = 2 if parts and parts[0] == "api" else 3
+    rest = parts[root_len:]
+    depth = 4 if rest[:1] == ["namespaces"] else 2  # [namespaces, ns,] plural, name
+    if len(rest) > depth:
+        return "/" + "/".join(parts[: root_len + depth]), "/".join(rest[depth:])
+    return path, ""
+
+
+def _custom(root: str) -> bool:
+    """A CustomResourceDefinition's group (kube-apiserver has no strategic merge for those)."""
+    return root.startswith("apis/") and root.split("/")[1].endswith(".x-k8s.io")
 
 
 def _split(path: str) -> tuple[str, str | None, str, str | None]:
@@ -109,14 +136,26 @@ def json_patch(doc: JSON, ops: list[JSON]) -> JSON:
         tokens = [_unescape(t) for t in str(op["path"]).split("/")[1:]]
         parent: Any = out
         for t in tokens[:-1]:
+            if isinstance(parent, list) and t.isdigit() and int(t) < len(parent):
+                parent = parent[int(t)]
+                continue
             if not isinstance(parent, dict) or t not in parent:
                 message = f"missing path {op['path']}"
                 raise ApiError(422, "Invalid", json.dumps({"message": message}))
             parent = parent[t]
-        last = tokens[-1]
+        last: Any = tokens[-1]
         kind = op["op"]
+        if isinstance(parent, list):
+            if not last.isdigit() or int(last) >= len(parent) + (kind == "add"):
+                raise ApiError(422, "Invalid", json.dumps({"message": "bad index"}))
+            last = int(last)
+            if kind == "add":
+                parent.insert(last, copy.deepcopy(op["value"]))
+                continue
         if kind == "test":
-            if not isinstance(parent, dict) or parent.get(last) != op["value"]:
+            present = (last < len(parent)) if isinstance(parent, list) else (
+                isinstance(parent, dict) and last in parent)
+            if not present or parent[last] != op["value"]:
                 # What kube-apiserver 1.36 answers (nothing names the test op).
                 raise ApiError(
                     422, "Unprocessable Entity",
@@ -128,6 +167,9 @@ def json_patch(doc: JSON, ops: list[JSON]) -> JSON:
                 raise ApiError(422, "Invalid", json.dumps({"message": "replace: missing"}))
             parent[last] = copy.deepcopy(op["value"])
         elif kind == "remove":
+            if isinstance(parent, list):
+                del parent[last]
+                continue
             if last not in parent:
                 raise ApiError(422, "Invalid", json.dumps({"message": "remove: missing"}))
             del parent[last]
@@ -139,7 +181,7 @@ def json_patch(doc: JSON, ops: list[JSON]) -> JSON:
 class FakeApi:
     """A thread-safe in-memory apiserver speaking the controller's `Transport`."""
 
-    def __init__(self, watch_idle: float = 0.05) -> None:
+    def __init__(self, bookmark_every: float = 0.05) -> None:
         self._lock = threading.Condition()
         self._objects: dict[tuple[str, str, str | None, str], JSON] = {}
         self._log: list[tuple[int, str, str, str, JSON]] = []  # rv, root, plural, type, obj
@@ -149,7 +191,8 @@ class FakeApi:
         self._uids = itertools.count(1)
         self._names = itertools.count(1)
         self._failures: list[_Failure] = []
-        self._watch_idle = watch_idle
+        self._bookmark_every = bookmark_every
+        self._closed = 0  # generation: `close()` ends the watches opened before it
         self.requests: list[tuple[str, str]] = []
         # Fixed answers for GETs of non-object paths (/version, /apis/<group>, ...).
         self.static: dict[str, JSON] = {}
@@ -181,6 +224,8 @@ class FakeApi:
         with self._lock:
             key = (root, plural, meta.get("namespace"), meta["name"])
             kind = "MODIFIED" if key in self._objects else "ADDED"
+            if key in self._objects:  # an update keeps the object's identity
+                meta.setdefault("uid", self._objects[key]["metadata"]["uid"])
             meta.setdefault("uid", f"uid-{next(self._uids)}")
             meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
             return self._store(key, obj, kind)
@@ -190,6 +235,12 @@ class FakeApi:
         with self._lock:
             obj = self._objects.get((root, plural, ns, name or ""))
             return copy.deepcopy(obj) if obj else None
+
+    def close(self) -> None:
+        """End every open watch (what closing the client's connections does)."""
+        with self._lock:
+            self._closed += 1
+            self._lock.notify_all()
 
     def writes(self) -> list[tuple[str, str]]:
         return [r for r in self.requests if r[0] != "GET"]
@@ -216,6 +267,7 @@ class FakeApi:
                 attrs = body["spec"]["resourceAttributes"]
                 allowed = f"{attrs['verb']} {attrs['resource']}" not in self.denied
                 return {**body, "status": {"allowed": allowed}}
+            path, sub = _subresource(path)
             root, ns, plural, name = _split(path)
             if method == "POST":
                 return self._create(root, plural, ns, body)
@@ -226,9 +278,9 @@ class FakeApi:
             if method == "GET":
                 return copy.deepcopy(self._existing(root, plural, ns, name))
             if method == "PUT":
-                return self._replace(root, plural, ns, name, body)
+                return self._replace(root, plural, ns, name, body, sub)
             if method == "PATCH":
-                return self._patch(root, plural, ns, name, body, content_type or "")
+                return self._patch(root, plural, ns, name, body, content_type or "", sub)
             if method == "DELETE":
                 obj = self._existing(root, plural, ns, name)
                 del self._objects[(root, plural, ns, name)]
@@ -308,48 +360,102 @@ class FakeApi:
         meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
         return self._store(key, obj, "ADDED")
 
-    def _replace(self, root: str, plural: str, ns: str | None, name: str, body: Any) -> JSON:
+    def _replace(
+        self, root: str, plural: str, ns: str | None, name: str, body: Any, sub: str = ""
+    ) -> JSON:
         old = self._existing(root, plural, ns, name)
         sent_rv = (body.get("metadata") or {}).get("resourceVersion")
         if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", json.dumps({"message": "the object has been modified"}))
-        obj = copy.deepcopy(body)
+        obj = self._subresource_view(plural, old, copy.deepcopy(body), sub)
         obj["metadata"]["uid"] = old["metadata"]["uid"]
         return self._store((root, plural, ns, name), obj, "MODIFIED")
 
+    @staticmethod
+    def _subresource_view(plural: str, old: JSON, new: JSON, sub: str) -> JSON:
+        """What a write keeps: only `status` from a write to `/status`; everything but
+        `status` from a write to the main resource of a kind with a status subresource."""
+        if sub == "status":
+            out = copy.deepcopy(old)
+            if "status" in new:
+                out["status"] = new["status"]
+            else:
+                out.pop("status", None)
+            return out
+        if sub:
+            raise ApiError(404, "NotFound", json.dumps({"message": f"no subresource {sub}"}))
+        if plural in STATUS_SUBRESOURCE:
+            if "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
+            else:
+                new.pop("status", None)
+        return new
+
     def _patch(
-        self, root: str, plural: str, ns: str | None, name: str, body: Any, content_type: str
+        self, root: str, plural: str, ns: str | None, name: str, body: Any, content_type: str,
+        sub: str = "",
     ) -> JSON:
         old = self._existing(root, plural, ns, name)
         if content_type == JSON_PATCH:
             new = json_patch(old, body)
         elif content_type == STRATEGIC_MERGE_PATCH:
+            if _custom(root):
+                raise ApiError(415, "Unsupported Media Type", json.dumps({
+                    "message": "the body of the request was in an unknown format - accepted "
+                               "media types include: application/json-patch+json, "
+                               "application/merge-patch+json, application/apply-patch+yaml",
+                    "reason": "UnsupportedMediaType", "code": 415}))
             new = strategic_merge_patch(old, body)
         else:
             new = merge_patch(old, body)
+        new = self._subresource_view(plural, old, new, sub)
+        if new.get("metadata", {}).get("uid") != old["metadata"]["uid"]:
+            raise ApiError(422, "Invalid", json.dumps({"message": "metadata.uid: immutable"}))
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if new == old:
             return copy.deepcopy(old)  # a no-op patch does not bump resourceVersion
         return self._store((root, plural, ns, name), new, "MODIFIED")
 
     def _watch(self, path: str, query: dict[str, str]) -> Iterator[JSON]:
+        """Events after `resourceVersion` as they happen, until `timeoutSeconds` (default
+        30 min, as the apiserver's) or `close()`; a BOOKMARK while idle."""
         root, ns, plural, _ = _split(path)
         since = int(query.get("resourceVersion") or 0)
         selector = query.get("labelSelector", "")
+        bookmarks = query.get("allowWatchBookmarks") == "true"
+        deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)
         with self._lock:
+            generation = self._closed
             if since < self._compacted:
                 yield {"type": "ERROR", "object": {"kind": "Status", "code": 410,
                                                    "reason": "Expired", "message": "too old"}}
                 return
-            if not any(rv > since for rv, *_ in self._log):
-                self._lock.wait(self._watch_idle)
-            batch = [e for e in self._log if e[0] > since and e[1] == root and e[2] == plural]
-        for _rv, _root, _plural, kind, obj in batch:
-            meta = obj.get("metadata") or {}
-            if ns is not None and meta.get("namespace") != ns:
-                continue
-            if not _selector_matches(selector, meta.get("labels") or {}):
-                continue
-            yield {"type": kind, "object": copy.deepcopy(obj)}
-        yield {"type": "BOOKMARK",
-               "object": {"metadata": {"resourceVersion": str(self._last_rv)}}}
+        while True:
+            with self._lock:
+                if self._closed != generation:
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                if since < self._compacted:
+                    yield {"type": "ERROR", "object": {"kind": "Status", "code": 410,
+                                                       "reason": "Expired", "message": "too old"}}
+                    return
+                if not any(rv > since for rv, *_ in self._log):
+                    self._lock.wait(min(self._bookmark_every, remaining))
+                batch = [e for e in self._log if e[0] > since and e[1] == root
+                         and e[2] == plural]
+                last_rv = self._last_rv
+                if self._closed != generation:
+                    return
+            since = max(since, last_rv)
+            for _rv, _root, _plural, kind, obj in batch:
+                meta = obj.get("metadata") or {}
+                if ns is not None and meta.get("namespace") != ns:
+                    continue
+                if not _selector_matches(selector, meta.get("labels") or {}):
+                    continue
+                yield {"type": kind, "object": copy.deepcopy(obj)}
+            if bookmarks:
+                yield {"type": "BOOKMARK",
+                       "object": {"metadata": {"resourceVersion": str(last_rv)}}}

@@ -17,9 +17,9 @@ from controller.live.apply import (
 )
 from controller.live.backoff import Backoff
 from controller.live.diff import GPU_FRACTION, diff_job_hami, diff_priority
-from tests.support.fake import FakeApi
 from controller.live.metrics import Metrics
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
+from tests.support.fake import FakeApi
 
 
 def decision(name: str, base: int = 10, boost: int = 100,
@@ -164,23 +164,72 @@ def test_dry_run_transport_refuses_before_sending() -> None:
     assert counting.writes() == 0 and api.writes() == []
 
 
-def test_fraction_422_immutable_marks_cluster_and_reports_unsupported() -> None:
-    api = FakeApi()
-    j = api.put_object(JOBS.item("j", "ns"), {
-        "metadata": {"name": "j", "namespace": "ns"},
-        "spec": {"suspend": True, "template": {"spec": {"containers": [
+def _job(api: FakeApi, name: str, suspend: bool = True) -> dict[str, Any]:
+    return api.put_object(JOBS.item(name, "ns"), {
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"suspend": suspend, "template": {"spec": {"containers": [
             {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+
+
+def test_fraction_422_marks_only_that_job_and_reports_unsupported() -> None:
+    api = FakeApi()
+    j, other = _job(api, "j"), _job(api, "k")
     d = diff_job_hami(decision("a", hami=HamiDecision(gpucores=50)), j, JOBS, None)
     (change,) = d.changes
     assert change.what == GPU_FRACTION
     api.fail("PATCH", "/jobs/j", 422, message="spec.template: Invalid value: field is immutable")
     applier = Applier(api, Metrics())
     assert applier.apply([change]).counts() == {UNSUPPORTED: 1}
-    assert applier.resources_mutable is False
-    # and the next diff turns it into an Event instead of a write
-    again = diff_job_hami(decision("a", hami=HamiDecision(gpucores=50)), j, JOBS,
-                          applier.resources_mutable)
+    uid = j["metadata"]["uid"]
+    assert applier.refused_fraction(uid) and not applier.refused_fraction(other["metadata"]["uid"])
+    # the next diff of that Job turns it into an Event instead of a write...
+    again = diff_job_hami(decision("a", hami=HamiDecision(gpucores=50)), j, JOBS, False)
     assert again.changes == () and [n.reason for n in again.notices] == ["GpuFractionNotApplied"]
+    # ...while another Job still gets its fraction written.
+    d2 = diff_job_hami(decision("b", hami=HamiDecision(gpucores=50)), other, JOBS, None)
+    assert applier.apply(list(d2.changes)).counts() == {APPLIED: 1}
+
+
+def test_fraction_on_a_job_kueue_just_unsuspended_is_dropped_not_a_global_switch_off() -> None:
+    api = FakeApi()
+    j = _job(api, "j")
+    (change,) = diff_job_hami(decision("a", hami=HamiDecision(gpucores=50)), j, JOBS,
+                              None).changes
+    _job(api, "j", suspend=False)  # Kueue admitted it between our read and our patch
+    applier = Applier(api, Metrics())
+    assert applier.apply([change]).counts() == {NOOP: 1}  # failed test /spec/suspend, re-read
+    assert not applier.fraction_refused
+    stored = api.get_object(JOBS.item("j", "ns"))
+    assert stored is not None
+    assert "nvidia.com/gpucores" not in stored["spec"]["template"]["spec"]["containers"][0][
+        "resources"]["limits"]
+
+
+def test_patch_for_a_deleted_workload_never_lands_on_a_new_one_with_the_same_name() -> None:
+    api = FakeApi()
+    old = seed(api, "a")
+    change = diff_priority(decision("a"), old, WORKLOADS, PriorityMode.BOOST)
+    assert change is not None
+    api.request("DELETE", WORKLOADS.item("a", "ns"))
+    api.put_object(WORKLOADS.item("a", "ns"), {  # Kueue recreates it: same name, new UID
+        "metadata": {"name": "a", "namespace": "ns"}, "spec": {"priority": 10}})
+    assert Applier(api, Metrics()).apply([change]).counts() == {NOOP: 1}
+    fresh = api.get_object(WORKLOADS.item("a", "ns"))
+    assert fresh is not None and "annotations" not in fresh["metadata"]
+
+
+def test_after_stop_no_new_write_starts() -> None:
+    api = FakeApi()
+    changes = [diff_priority(decision(f"w{i}"), seed(api, f"w{i}"), WORKLOADS,
+                             PriorityMode.BOOST) for i in range(3)]
+    stopping = {"now": False}
+
+    def after(_o: Any) -> None:
+        stopping["now"] = True  # SIGTERM arrives after the first write
+
+    applier = Applier(api, Metrics(), stopping=lambda: stopping["now"])
+    report = applier.apply([c for c in changes if c is not None], after)
+    assert report.counts() == {APPLIED: 1, DEFERRED: 2}
 
 
 def test_422_on_json_patch_that_is_not_a_failed_test_is_a_failure_not_a_loop() -> None:

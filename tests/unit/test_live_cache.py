@@ -10,8 +10,8 @@ import pytest
 from controller.live.api import WORKLOADS, ApiError, CountingTransport
 from controller.live.backoff import Backoff
 from controller.live.cache import Gone, Informer, WatchSpec
-from tests.support.fake import FakeApi
 from controller.live.metrics import Metrics
+from tests.support.fake import FakeApi
 
 
 def wl(name: str, ns: str = "ns", **labels: str) -> dict[str, Any]:
@@ -20,13 +20,15 @@ def wl(name: str, ns: str = "ns", **labels: str) -> dict[str, Any]:
 
 
 def setup(n: int = 3, page: int = 2) -> tuple[FakeApi, CountingTransport, Informer, list[Any]]:
-    api = FakeApi(watch_idle=0.0)
+    api = FakeApi()
     for i in range(n):
         api.put_object(WORKLOADS.item(f"w{i}", "ns"), wl(f"w{i}"))
     seen: list[Any] = []
     counting = CountingTransport(api)
+    # Watches of the fake stay open until their timeout (1 s here), like the apiserver's.
     inf = Informer(counting, WatchSpec(WORKLOADS), Metrics(),
-                   on_event=lambda kind, old, new: seen.append((kind, old, new)), page_size=page)
+                   on_event=lambda kind, old, new: seen.append((kind, old, new)), page_size=page,
+                   watch_timeout=0.6)
     return api, counting, inf, seen
 
 
@@ -75,7 +77,7 @@ def test_relist_reports_what_changed_during_an_outage() -> None:
 
 
 def test_label_selector_is_sent() -> None:
-    api = FakeApi(watch_idle=0.0)
+    api = FakeApi()
     api.put_object(WORKLOADS.item("a", "ns"), wl("a", q="x"))
     api.put_object(WORKLOADS.item("b", "ns"), wl("b"))
     inf = Informer(api, WatchSpec(WORKLOADS, label_selector="q"), Metrics())
@@ -123,4 +125,84 @@ def test_run_loop_recovers_from_errors_and_gone_counting_restarts() -> None:
     }
     assert restarts["gone"] == 1 and restarts["error"] == 2
     assert metrics.relists.labels("workloads")._value.get() == 2
-    assert len(waits) == 2  # backed off after each error
+    assert len(waits) == 3  # a delay before every re-watch: after each error and the 410
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_every_rewatch_waits_and_the_backoff_resets_only_after_a_healthy_stream() -> None:
+    api = FakeApi()
+    clock = Clock()
+    waits: list[float] = []
+    stop = threading.Event()
+    lengths = iter([0.0] * 6 + [10.0] + [0.0] * 2)  # how long each stream stays open
+
+    class Recorder(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout or 0.0)
+            return stop.is_set()
+
+        def is_set(self) -> bool:
+            return stop.is_set()
+
+    inf = Informer(api, WatchSpec(WORKLOADS), Metrics(), clock=clock, healthy_after=5.0,
+                   backoff=Backoff(initial=1.0, cap=30.0))
+
+    def watch(_s: threading.Event) -> None:
+        length = next(lengths, None)
+        if length is None:
+            stop.set()
+            return
+        clock.t += length  # the server closed the stream cleanly after `length` seconds
+
+    inf.watch_once = watch  # type: ignore[method-assign]
+    inf.run(Recorder())
+    assert len(waits) == 9  # a delay before every re-watch, also after clean closes
+    assert all(w > 0 for w in waits)
+    # Growing while streams end at once (1, 2, 4, 8, 16, 30 s ceilings, jittered >= half)...
+    assert waits[5] >= 15
+    # ...reset after the healthy 10 s stream, then growing again.
+    assert waits[6] <= 1.0 and waits[7] <= 2.0
+
+
+def test_age_counts_from_the_last_list_event_or_healthy_stream() -> None:
+    import math
+
+    api = FakeApi()
+    clock = Clock()
+    inf = Informer(api, WatchSpec(WORKLOADS), Metrics(), clock=clock, healthy_after=5.0)
+    assert inf.age() == math.inf  # never listed
+    inf.relist()
+    clock.t += 30
+    assert inf.age() == 30
+    inf.apply_event({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "1"}}})
+    # apply_event alone does not prove freshness; a stream does. Streams that end at once:
+    inf._stream_since = clock.t  # a stream opened now
+    clock.t += 1
+    assert inf.age() == 31  # not proven healthy yet
+    clock.t += 5
+    assert inf.age() == 0  # open for 6 s: current
+
+
+def test_fake_watch_stays_open_until_its_timeout_and_ends_on_close() -> None:
+    import time
+
+    api = FakeApi(bookmark_every=0.05)
+    events = api.stream(WORKLOADS.collection(), query={
+        "watch": "1", "resourceVersion": "0", "timeoutSeconds": "1",
+        "allowWatchBookmarks": "true"})
+    started = time.monotonic()
+    kinds = [e["type"] for e in events]
+    assert time.monotonic() - started >= 0.9
+    assert kinds and set(kinds) == {"BOOKMARK"}
+    other = api.stream(WORKLOADS.collection(), query={"watch": "1", "timeoutSeconds": "60"})
+    threading.Timer(0.2, api.close).start()
+    started = time.monotonic()
+    assert list(other) == []
+    assert time.monotonic() - started < 5

@@ -1,0 +1,93 @@
+"""Which Kubernetes Events the controller's writes and findings give (mapping only; the
+`EventRecorder` sends and rate-limits them).
+
+* A priority write that succeeded: `PriorityChanged` on the Workload and its owner Job —
+  unless only the aging reference changed (`controller.plan.change_is_eventful`): a rebase of
+  the encoding is not news to anyone.
+* A HAMi write that succeeded: `HamiSettingsApplied`; a GPU fraction the apiserver refused:
+  `GpuFractionNotApplied`; a write that failed for another reason than an outage: `PatchFailed`.
+* Notices from the diff and invalid input from the plan: their own reasons.
+"""
+
+from __future__ import annotations
+
+from controller.domain import InputProblem, ObjectRef, Workload
+from controller.live.apply import APPLIED, CONFLICT, DEFERRED, FAILED, UNSUPPORTED, Outcome
+from controller.live.diff import (
+    GPU_FRACTION,
+    PRIORITY,
+    Diff,
+    decision_terms,
+    fraction_refused_notice,
+)
+from controller.live.events import EventRecorder
+from controller.plan import Plan
+
+
+def change_is_eventful(old_terms: str | None, new_terms: str) -> bool:
+    """False when the write only moved the aging reference (controller.plan decides)."""
+    from controller import plan as plan_module
+
+    decide = getattr(plan_module, "change_is_eventful", None)
+    if decide is None or not new_terms:
+        return True
+    return bool(decide(old_terms, new_terms))
+
+
+def problem_reason(problem: InputProblem) -> str:
+    return "InvalidAnnotation" if "annotations" in problem.field else "InvalidInput"
+
+
+def workload_and_owner(wl: Workload | None) -> list[ObjectRef]:
+    if wl is None:
+        return []
+    refs = [wl.ref]
+    if wl.owner is not None and wl.owner.kind == "Job":
+        refs.append(ObjectRef("Job", wl.owner.name, wl.namespace, wl.owner.uid, "batch/v1"))
+    return refs
+
+
+def problems_of(plan: Plan) -> list[InputProblem]:
+    out: list[InputProblem] = []
+    for d in plan.decisions:
+        out.extend(d.problems)
+    out.extend(plan.problems)
+    return out
+
+
+def outcome_events(events: EventRecorder, outcome: Outcome, workload: Workload | None) -> None:
+    """Events for one write, right after it (in the applier's worker thread)."""
+    from controller.render import reason as why
+
+    c, d = outcome.change, outcome.change.decision
+    targets = workload_and_owner(workload)
+    if outcome.result == APPLIED and c.what == PRIORITY:
+        if not change_is_eventful(c.old_terms, decision_terms(d)):
+            return
+        text = f"{c.summary}: {why(d)} (rank {d.rank} in ClusterQueue {d.cluster_queue})"
+        for ref in targets:
+            events.emit(ref, "PriorityChanged", text, dedupe="priority")
+    elif outcome.result == APPLIED:
+        text = f"HAMi settings applied to {c.ref}: {c.summary}"
+        for ref in {c.ref, *targets}:
+            events.emit(ref, "HamiSettingsApplied", text, dedupe=c.what)
+    elif outcome.result == UNSUPPORTED and c.what == GPU_FRACTION and d.hami is not None:
+        note = fraction_refused_notice(c.ref, d.hami)
+        for ref in {c.ref, *targets}:
+            events.emit(ref, note.reason, note.message, "Warning")
+    elif outcome.result in (FAILED, CONFLICT) or (
+        outcome.result == DEFERRED and outcome.error is not None
+        and outcome.error.status != 0
+    ):
+        events.emit(c.ref, "PatchFailed", f"could not apply {c.summary}: {outcome.error}",
+                    "Warning", dedupe=c.what)
+
+
+def finding_events(events: EventRecorder, plan: Plan, diff: Diff) -> None:
+    """Events that do not come from a write: notices and invalid input."""
+    for notice in diff.notices:
+        events.emit(notice.ref, notice.reason, notice.message, notice.type)
+    for problem in problems_of(plan):
+        if problem.object is None or not problem.object.name:
+            continue
+        events.emit(problem.object, problem_reason(problem), str(problem), "Warning")
