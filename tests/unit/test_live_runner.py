@@ -23,9 +23,9 @@ from controller.live.api import (
     LOCAL_QUEUES,
     WORKLOADS,
 )
-from tests.support.fake import FakeApi
 from controller.live.runner import LiveController, queue_warnings
 from controller.plan import PriorityMode
+from tests.support.fake import FakeApi
 
 NOW = datetime(2026, 1, 1, 1, 0, tzinfo=UTC)
 KUEUE_GROUP_DOC = {"kind": "APIGroup", "name": "kueue.x-k8s.io",
@@ -334,3 +334,134 @@ def test_gpu_fraction_is_not_written_when_the_queue_would_then_block_the_workloa
     assert GPUCORES not in limits
     assert [n.reason for n in report.notices] == ["GpuFractionNotApplied"]
     assert "does not cover nvidia.com/gpucores" in report.notices[0].message
+
+
+# -- issue 12: mode discovery, stale caches, shutdown order, --once bound; issue 10.6 budget --
+
+
+def test_unreadable_kueue_config_keeps_the_mode_recorded_on_the_lease() -> None:
+    from controller.live.discovery import MODE_ANNOTATION
+
+    api = FakeApi()
+    cluster(api, gate=True)
+    s = settings(PRIORITY_MODE="auto", LEADER_ELECTION="true")
+    leader = controller(api, s, identity="one")
+    assert leader.mode is not None and leader.mode.mode is PriorityMode.BOOST
+    assert leader.elector is not None and leader.elector.try_acquire_or_renew()
+    lease = api.get_object(LEASES.item("wdrf-controller", "kueue-system"))
+    assert lease is not None and lease["metadata"]["annotations"][MODE_ANNOTATION] == "boost"
+    # Kueue's configuration now answers 500 (or 429, 403): not "gate off".
+    api.fail("GET", "kueue-manager-config", 500, times=100)
+    follower = controller(api, s, identity="two")
+    assert follower.mode is not None and follower.mode.mode is PriorityMode.BOOST
+    assert "recorded on Lease" in follower.mode.reason
+
+
+def test_unreadable_kueue_config_without_a_recorded_mode_is_retried_not_spec() -> None:
+    import time
+
+    from controller.live.api import ApiError
+
+    api = FakeApi()
+    cluster(api, gate=True)
+    api.fail("GET", "kueue-manager-config", 503, times=100)
+    c = LiveController(settings(PRIORITY_MODE="auto"), api, identity="me")
+    with pytest.raises(ApiError):
+        c.discover(deadline=time.monotonic() + 1.5)
+    assert c.mode is None
+    # Only a 404 means "not configured there": then Kueue's default (gate off) -> spec.
+    api2 = FakeApi()
+    cluster(api2)
+    c2 = controller(api2, settings(PRIORITY_MODE="auto"))
+    assert c2.mode is not None and c2.mode.mode is PriorityMode.SPEC
+
+
+def test_stale_workload_cache_pauses_writes_and_readiness() -> None:
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "a1")
+    c = controller(api, settings(CACHE_MAX_STALENESS="30s"))
+    c.max_staleness = 30.0
+    clock = {"t": 1000.0}
+    inf = c.informers["workloads"]
+    inf._clock = lambda: clock["t"]
+    inf._fresh_at = 1000.0
+    clock["t"] += 31  # no list, event or healthy stream for 31 s
+    writes = len(api.writes())
+    report = c.run_cycle(NOW)
+    assert report.leader and report.paused.startswith("stale cache: workloads")
+    assert len(api.writes()) == writes
+    ok, why = c.health.ready()
+    assert not ok and "workloads" in why
+    inf._fresh_at = clock["t"]  # a healthy stream again
+    report = c.run_cycle(NOW)
+    assert not report.paused and len(api.writes()) > writes
+    assert c.health.ready()[0]
+
+
+def test_write_budget_defers_the_rest_to_the_next_cycle() -> None:
+    api = FakeApi()
+    cluster(api)
+    for i in range(5):
+        workload(api, "team-a", f"w{i}")
+    c = controller(api, settings())
+    c.write_budget = 2
+    report = c.run_cycle(NOW)
+    assert report.applied is not None
+    assert report.applied.counts() == {"applied": 2, "deferred": 3}
+    resync(c)
+    assert c.run_cycle(NOW).applied.counts() == {"applied": 2, "deferred": 1}  # type: ignore[union-attr]
+
+
+def test_client_qps_limit_spaces_requests() -> None:
+    from controller.live.api import TokenBucket
+
+    t = {"now": 0.0}
+    slept: list[float] = []
+
+    def sleep(d: float) -> None:
+        slept.append(d)
+        t["now"] += d
+
+    bucket = TokenBucket(qps=10, burst=3, clock=lambda: t["now"], sleep=sleep)
+    for _ in range(8):
+        bucket.take()
+    assert slept[:1] == [pytest.approx(0.1)] and len(slept) == 5  # burst of 3, then 10/s
+    assert t["now"] == pytest.approx(0.5)
+
+
+def test_shutdown_saves_history_before_releasing_the_lease_and_writes_nothing_after() -> None:
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "a1")
+    c = controller(api, settings(LEADER_ELECTION="true", USAGE_HALF_LIFE="1h"))
+    assert c.elector is not None and c.elector.try_acquire_or_renew()
+    c.run_cycle(NOW)
+    c.history_store._last_text = None  # force a save at shutdown
+    before = len(api.requests)
+    c.shutdown(grace=5)
+    after = [r for r in api.requests[before:] if r[0] != "GET"]
+    assert [m for m, _ in after] == ["PUT", "PUT"]
+    assert "configmaps" in after[0][1] and "leases" in after[1][1]  # history, then Lease
+    lease = api.get_object(LEASES.item("wdrf-controller", "kueue-system"))
+    assert lease is not None and lease["spec"]["holderIdentity"] == ""
+    writes = len(api.writes())
+    workload(api, "team-a", "late")
+    resync(c)
+    c.run_cycle(NOW)
+    assert len(api.writes()) == writes  # nothing by the controller after the release
+
+
+def test_once_is_bounded_and_says_why_in_one_line() -> None:
+    import threading
+    import time
+
+    from controller.live.main import LiveError, bounded
+
+    stop = threading.Event()
+    started = time.monotonic()
+    with pytest.raises(LiveError, match="no result within 1s"):
+        bounded("--once", 1.0, stop, lambda: stop.wait(30))
+    assert time.monotonic() - started < 3 and stop.is_set()
+    with pytest.raises(LiveError, match="--once failed: boom"):
+        bounded("--once", 5.0, stop, lambda: (_ for _ in ()).throw(RuntimeError("boom")))
