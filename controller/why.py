@@ -78,6 +78,14 @@ def parse_terms(text: str | None) -> dict[str, str]:
     return out
 
 
+def pool_name(pool: str) -> str:
+    """`cq/gpu` -> "ClusterQueue gpu", `cohort/all` -> "cohort all" (the terms' pool)."""
+    kind, sep, name = pool.partition("/")
+    if not sep:
+        return pool or "the pool"
+    return {"cq": "ClusterQueue", "cohort": "cohort"}.get(kind, kind) + " " + name
+
+
 def usage_over_entitlement(level: int, levels: int) -> tuple[float, float] | None:
     """The range of U/S (usage over entitlement) a fairness level stands for: the level is
     floor(2^(-U/S) x levels), so U/S lies in [-log2((level+1)/levels), -log2(level/levels))."""
@@ -383,7 +391,7 @@ def _advice(r: Report) -> list[str]:
             if low >= 1.0:
                 times = f"{low:.1f}x" if math.isinf(high) else f"about {low:.1f}-{high:.1f}x"
                 out.append(f"Team {team} uses {times} its share of "
-                           f"{t.get('pool') or 'the pool'}: its work ranks below teams that use "
+                           f"{pool_name(t.get('pool', ''))}: its work ranks below teams that use "
                            "less, until its usage falls (finishing or fewer running jobs).")
             elif high <= 1.0:
                 out.append(f"Team {team} uses less than its share; fairness ranks its work up.")
@@ -408,7 +416,7 @@ def why(api: Api, ns: str, name: str, kind: str | None = None,
     state, reason, message = _state(wl)
     terms = parse_terms(ann.get(TERMS_ANNOTATION))
     admission = (wl.get("status") or {}).get("admission") or {}
-    cluster_queue = str(admission.get("clusterQueue", "") or terms.get("pool", ""))
+    cluster_queue = str(admission.get("clusterQueue", ""))
     queue_pending: int | None = None
     if queue:
         try:
@@ -464,6 +472,7 @@ def why(api: Api, ns: str, name: str, kind: str | None = None,
 _TERM_LABELS = (
     ("class", "class"), ("team", "team"), ("pool", "shares counted in"),
     ("level", "fairness level"), ("fair", "fairness points"), ("since", "queued since"),
+    ("ref", "aging reference"),
     ("base", "base priority"), ("override", "override"), ("priority", "priority (published)"),
     ("state", "state"),
 )

@@ -18,7 +18,7 @@ from tests.support.fake import FakeApi
 
 V = "/apis/kueue.x-k8s.io/v1beta2"
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-TERMS = ("v2 class=normal team=team-a pool=cq-gpu level=12/50 fair=24000 "
+TERMS = ("v2 class=normal team=team-a pool=cq/cq-gpu level=12/50 fair=24000 "
          "since=2026-11-22T10:00:00Z ref=2026-11-22T11:55:00Z base=0 override=- priority=1050000")
 
 
@@ -104,7 +104,7 @@ def test_why_resolves_a_job_to_its_workload_and_explains(api: FakeApi) -> None:
     assert "Kueue says:     Pending: couldn't assign flavors" in text
     assert "2 of 2 in its LocalQueue" in text and "visibility API" in text
     assert "kubectl annotate -n team-a job train wdrf.x-k8s.io/approved=true" in text
-    assert "Team team-a uses about 1.9-2.1x its share of cq-gpu" in text
+    assert "Team team-a uses about 1.9-2.1x its share of ClusterQueue cq-gpu" in text
     assert "no free quota" in text
     # only GETs, and nothing cluster-wide
     assert not api.writes()
