@@ -38,6 +38,10 @@ promtool:
 tools:
 	bash tools/build.sh
 
+# helm alone (chart tests), from tools/helm; `make tools` builds it too.
+helm:
+	bash tools/build.sh helm
+
 lint: venv
 	$(VENV)/bin/ruff check controller tests bench tools
 	$(VENV)/bin/mypy

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# Kueue's manager, kwok) from the pinned Go tools modules into tools/bin/ (git-ignored).
+# Kueue's manager, kwok) and helm (chart tests) from the pinned Go tools modules into tools/bin/
+# (git-ignored).
 #
 # A binary is rebuilt only when its module's go.mod/go.sum (or this script's build settings)
 # change: tools/bin/.stamp/<binary> records the sha256 of those inputs.
@@ -34,8 +35,9 @@ declare -A SPEC=(
   [kube-controller-manager]="k8s k8s.io/kubernetes/cmd/kube-controller-manager"
   [kube-scheduler]="k8s k8s.io/kubernetes/cmd/kube-scheduler"
   [kwok]="kwok sigs.k8s.io/kwok/cmd/kwok"
+  [helm]="helm helm.sh/helm/v3/cmd/helm"
 )
-ORDER=(etcd kube-apiserver kueue kube-controller-manager kube-scheduler kwok)
+ORDER=(etcd kube-apiserver kueue kube-controller-manager kube-scheduler kwok helm)
 
 modversion() { # <module-dir> <module path>: the required version, read from go.mod
   local v
@@ -62,6 +64,10 @@ ldflags_for() { # <binary>
     ;;
   kwok)
     flags+=" -X sigs.k8s.io/kwok/pkg/consts.Version=$(modversion kwok sigs.k8s.io/kwok)"
+    ;;
+  helm)
+    flags+=" -X helm.sh/helm/v3/internal/version.version=$(modversion helm helm.sh/helm/v3)"
+    flags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
     ;;
   esac
   echo "$flags"
