@@ -459,8 +459,13 @@ class KueueSim:
     def _greedy(self, job: SimJob, cq: CQ, cands: Sequence[tuple[int, CQ]],
                 allow_borrow: bool) -> list[tuple[int, CQ]] | None:
         targets: list[tuple[int, CQ]] = []
+        freed: dict[str, int] = {}
         for c in cands:
+            jid, other = c
+            if other is not cq and other.used - freed.get(other.name, 0) <= other.nominal:
+                continue  # that ClusterQueue no longer borrows: Kueue leaves it alone
             targets.append(c)
+            freed[other.name] = freed.get(other.name, 0) + self.jobs[jid].need
             if self._fits_without(job, cq, targets, allow_borrow):
                 return self._minimise(job, cq, targets, allow_borrow)
         return None
