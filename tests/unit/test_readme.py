@@ -118,6 +118,9 @@ def _cli_options() -> tuple[set[str], set[str]]:
     ctx = click.Context(main)
     opts = {o for p in main.params for o in p.opts} | set(ctx.help_option_names)
     subcommands = set(main.list_commands(ctx))  # type: ignore[attr-defined]
+    for name in subcommands:  # `why -o json`, `reset --yes`: the subcommands' own options
+        sub = main.get_command(ctx, name)  # type: ignore[attr-defined]
+        opts |= {o for p in getattr(sub, "params", ()) for o in getattr(p, "opts", ())}
     return opts, subcommands
 
 
