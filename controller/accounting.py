@@ -350,6 +350,14 @@ def pool_capacities(
             flavor = d[: -len(GPU) - 1] if d != GPU else None
             caps[dimension(flavor, GPUCORES)] = caps[d]
             caps[dimension(flavor, GPUMEM_PERCENTAGE)] = caps[d]
+        # Usage recorded without a flavor (no podSetAssignments flavors) is measured against
+        # all flavors of its resource together.
+        totals: Vector = {}
+        for dim, amount in caps.items():
+            if dim != resource_of(dim):
+                _add(totals, resource_of(dim), amount)
+        for resource, amount in totals.items():
+            caps.setdefault(resource, amount)
     return out, source
 
 

@@ -22,7 +22,14 @@ import click
 from controller.config import SETTING_FIELDS, ConfigError, Settings, load_settings
 from controller.parse import SnapshotFileError, load_snapshot
 from controller.plan import Plan
-from controller.render import OUTPUTS, explain, explain_dict, render
+from controller.render import (
+    NOT_DECIDED,
+    OUTPUTS,
+    explain,
+    explain_dict,
+    find_decision,
+    render,
+)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -277,14 +284,10 @@ def explain_cmd(ctx: click.Context, workload: str, from_file: tuple[str, ...], o
         if not isinstance(plan, Plan):
             click.echo("error: controller.live.main.live_plan returned no Plan", err=True)
             sys.exit(EXIT_FAILED)
-    if output == "json":
-        doc = explain_dict(plan, workload)
-        if doc is None:
-            click.echo(f"{workload}: not a pending workload in this snapshot", err=True)
-            sys.exit(EXIT_FAILED)
-        click.echo(json.dumps(doc, indent=2))
-        return
-    text = explain(plan, workload, settings)
-    click.echo(text)
-    if text.endswith("not a pending workload in this snapshot"):
+    if find_decision(plan, workload) is None:
+        click.echo(f"{workload}: {NOT_DECIDED}", err=True)
         sys.exit(EXIT_FAILED)
+    if output == "json":
+        click.echo(json.dumps(explain_dict(plan, workload), indent=2, allow_nan=False))
+        return
+    click.echo(explain(plan, workload, settings))

@@ -7,6 +7,7 @@ a one-line change here plus its commented entry in config.yaml. Loading collects
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -415,9 +416,6 @@ class Settings:
     max_aging_time: float = setting(
         "MAX_AGING_TIME", 604800.0, p_duration, "credited wait is capped here (at each rebase)"
     )
-    aging_step: float = setting(
-        "AGING_STEP", 300.0, p_duration, "ignored since priority model v2 (kept for old configs)"
-    )
     rebase_period: float = setting(
         "PRIORITY_REBASE_PERIOD", 604800.0, p_rebase_period,
         "the aging reference moves (every pending Workload rewritten once) this often",
@@ -597,13 +595,14 @@ class Settings:
                 f"{self.guard(PriorityClass.APPROVED)}; raise PRIORITY_CLASS_UNIT or lower "
                 "MAX_AGING_TIME / PRIORITY_REBASE_PERIOD / FAIRNESS_POINTS"
             )
-        if self.aging_step != 300.0:
-            out.append("AGING_STEP is ignored since priority model v2 (priorities no longer "
-                       "move with the clock); remove it from the configuration")
         return out
 
 
 SETTING_FIELDS = {f.metadata["key"]: f for f in fields(Settings) if "key" in f.metadata}
+# Keys older releases had: accepted with a warning (an upgrade must not fail on them).
+DEPRECATED_KEYS = {
+    "AGING_STEP": "ignored since priority model v2: priorities no longer move with the clock",
+}
 KEYS = tuple(SETTING_FIELDS)
 
 
@@ -642,8 +641,6 @@ def _cross_check(s: Settings) -> list[tuple[str, str, str]]:
                 "or PRIORITY_REBASE_PERIOD",
             )
         )
-    if s.aging_step <= 0:
-        issues.append(("AGING_STEP", str(s.aging_step), "must be > 0"))
     if s.fairness_levels > max(1, s.fairness_points):
         issues.append(
             ("FAIRNESS_LEVELS", str(s.fairness_levels), "must be <= FAIRNESS_POINTS")
@@ -679,7 +676,9 @@ def load_settings(
         if not isinstance(doc, Mapping):
             raise ConfigError([(str(path), "", "config file must be a mapping of KEY: value")])
         for k, v in doc.items():
-            if k not in SETTING_FIELDS:
+            if k in DEPRECATED_KEYS:
+                _warn_deprecated(str(k), str(path))
+            elif k not in SETTING_FIELDS:
                 issues.append((str(k), _show(v), f"unknown key in {path}"))
             else:
                 raw[k] = (v, str(path))
@@ -687,11 +686,16 @@ def load_settings(
         raise ConfigError([(str(path), "", "config file not found")])
 
     env = os.environ if env is None else env
+    for key in DEPRECATED_KEYS:
+        if key in env:
+            _warn_deprecated(key, "environment")
     for key in KEYS:
         if key in env:
             raw[key] = (env[key], "environment")
     for key, value in (overrides or {}).items():
-        if key not in SETTING_FIELDS:
+        if key in DEPRECATED_KEYS:
+            _warn_deprecated(key, "command line")
+        elif key not in SETTING_FIELDS:
             issues.append((key, _show(value), "unknown key (command line)"))
         elif value is not None:
             raw[key] = (value, "command line")
@@ -708,6 +712,11 @@ def load_settings(
     if issues:
         raise ConfigError(issues)
     return settings
+
+
+def _warn_deprecated(key: str, where: str) -> None:
+    logging.getLogger(__name__).warning("%s (from %s): %s; remove it", key, where,
+                                        DEPRECATED_KEYS[key])
 
 
 def _show(value: object) -> str:

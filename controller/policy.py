@@ -44,7 +44,7 @@ from controller.accounting import (
     team_share,
     team_weight,
 )
-from controller.classify import Classified, clamp_int32, classify
+from controller.classify import Classified, clamp_int32, classify, implied_base
 from controller.config import INT32_MAX, INT32_MIN, Settings
 from controller.domain import (
     PRIORITY_TERMS_ANNOTATION,

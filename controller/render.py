@@ -182,6 +182,8 @@ def _table(rows: list[list[str]]) -> str:
 
 
 TABLE_WIDTH = 120
+NOT_DECIDED = ("not a Workload this plan decides in this snapshot (it decides pending ones, and "
+               "admitted ones where preemption can reach them)")
 
 
 def _fit(text: str, width: int) -> str:
@@ -193,14 +195,17 @@ def _fit(text: str, width: int) -> str:
 
 
 def _decision_rows(decisions: list[WorkloadDecision]) -> list[list[str]]:
-    rows = [["#", "WORKLOAD", "TEAM", "WAIT", "PRIORITY NOW->PLAN", "WHY"]]
+    """One row per decision; the TEAM column only when some team is not the namespace."""
+    with_team = any(d.team != d.key.partition("/")[0] for d in decisions)
+    rows = [["#", "WORKLOAD", *(["TEAM"] if with_team else []), "WAIT", "PRIORITY NOW->PLAN",
+             "WHY"]]
     for d in decisions:
         b = d.breakdown
         now_eff = current_effective(d)
         changed = "" if (now_eff == d.target_priority or d.leave_unchanged) else " *"
         wait = "adm" if d.admitted else (_duration(b.wait_seconds) if b else "-")
         rows.append([
-            "-" if d.admitted else str(d.rank), d.key, d.team, wait,
+            "-" if d.admitted else str(d.rank), d.key, *([d.team] if with_team else []), wait,
             f"{now_eff} -> {d.target_priority}{changed}", reason(d),
         ])
     return rows
@@ -241,7 +246,9 @@ def render_table(plan: Plan, settings: Settings | None = None) -> str:
         n_pending = sum(1 for d in ds if not d.admitted)
         out.append("")
         out.append(f"ClusterQueue {queue}: {n_pending} pending, {len(ds) - n_pending} admitted")
-        out.append(_fitted_table(_decision_rows(ds), squeeze=((5, 48), (1, 30), (2, 12), (5, 20))))
+        rows = _decision_rows(ds)
+        why = len(rows[0]) - 1
+        out.append(_fitted_table(rows, squeeze=((why, 48), (1, 30), (why, 20), (2, 12))))
         for d in ds:
             h = hami_short(d)
             if h != "-":
@@ -324,8 +331,7 @@ def explain(plan: Plan, key: str, settings: Settings) -> str:
     """The breakdown for one workload and why it ranks where it does against its neighbours."""
     d = find_decision(plan, key)
     if d is None:
-        return f"{key}: not a Workload this plan decides (pending, or admitted where preemption "\
-            "can reach it) in this snapshot"
+        return f"{key}: {NOT_DECIDED}"
     lines = [f"Workload {d.key} (uid {d.uid or '-'})"]
     lines.append(f"  ClusterQueue:   {d.cluster_queue or '(unknown LocalQueue)'}  "
                  f"planned position {d.rank}")

@@ -12,11 +12,12 @@ from wdrf_build import NOW, snapshot, wl
 from wdrf_build import settings as make_settings
 
 from controller.accounting import (
-    capacity,
     card_memory,
     container_gpu,
+    fairness_level,
     fairness_term,
     gpu_inventory,
+    pool_capacities,
     team_of,
 )
 from controller.config import Settings
@@ -100,8 +101,11 @@ def test_capacity_from_inventory_counts_healthy_physical_gpus() -> None:
              _node("b", CapacitySource.AGENT, 8, 6))
     inv, src = gpu_inventory(nodes, Settings(), NOW)
     assert src is CapacitySource.AGENT  # fresh agent data wins on node b
-    cap, source = capacity(snapshot([]), inv)
-    assert cap[GPU] == 14 and cap["nvidia.com/gpucores"] == 14 and source is CapacitySource.AGENT
+    pools, source = pool_capacities(snapshot([]).cluster_queues, inv)
+    cap = pools["cq/cq"]
+    assert cap["default:" + GPU] == 14 and cap["default:nvidia.com/gpucores"] == 14
+    assert cap[GPU] == 14  # the unflavored total (usage without a flavor) follows
+    assert source is CapacitySource.AGENT
     assert card_memory(inv, Settings()) == 81920
 
 
@@ -115,8 +119,8 @@ def test_stale_agent_inventory_falls_back_to_hami() -> None:
 def test_quota_capacity_source_ignores_nodes() -> None:
     s = make_settings(capacity_source="quota")
     assert gpu_inventory((_node("a", CapacitySource.HAMI, 8, 8),), s, NOW) == ([], None)
-    cap, source = capacity(snapshot([], gpus=8), [])
-    assert cap[GPU] == 8 and source is CapacitySource.QUOTA
+    pools, source = pool_capacities(snapshot([], gpus=8).cluster_queues, [])
+    assert pools["cq/cq"]["default:" + GPU] == 8 and source is CapacitySource.QUOTA
 
 
 def test_card_memory_falls_back_to_setting() -> None:
@@ -139,3 +143,25 @@ def test_resource_weight_zero_ignores_resource() -> None:
                         s, NOW)
     t = plan.teams["team-a"]
     assert t.dominant_resource == "cpu" and GPU not in t.shares
+
+
+def test_fairness_level_hysteresis_holds_near_a_boundary_and_moves_past_it() -> None:
+    s = Settings()  # 50 levels, hysteresis 0.5 level
+    # exact position 2^(-s*W) * 50 with W = 1: pick shares around level 25 (factor 0.5)
+    def share_for(position: float) -> float:
+        import math
+
+        return -math.log2(position / 50)
+
+    assert fairness_level(share_for(25.2), 1, s) == 25
+    assert fairness_level(share_for(24.8), 1, s, previous=25) == 25  # within half a level
+    assert fairness_level(share_for(24.4), 1, s, previous=25) == 24  # past it
+    assert fairness_level(share_for(26.4), 1, s, previous=25) == 25  # up to 26.5 holds
+    assert fairness_level(share_for(26.6), 1, s, previous=25) == 26
+    assert fairness_level(0.0, 1, s, previous=25) == 50  # no usage: always the top level
+
+
+def test_fairness_never_nan_for_huge_weights() -> None:
+    s = Settings()
+    assert fairness_term(1e300, 1e300, s) == 0
+    assert fairness_term(0.0, 1e-300, s) == s.fairness_points

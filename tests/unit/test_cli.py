@@ -36,10 +36,12 @@ def test_machine_outputs(runner: CliRunner, fmt: str) -> None:
     r = runner.invoke(main, ["--from-file", EXAMPLE, "--output", fmt])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output) if fmt == "json" else yaml.safe_load(r.output)
-    keys = [d["workload"] for d in doc["decisions"]]
-    assert len(keys) == 10 and doc["warnings"] and doc["teams"]
+    keys = [d["workload"] for d in doc["decisions"] if not d["admitted"]]
+    assert len(keys) == 10 and doc["teams"]
+    # h100-shared and a100-batch preempt: their admitted Workloads get class guards
+    assert sum(1 for d in doc["decisions"] if d["admitted"]) == 5
     prios = [d["targetPriority"] for d in doc["decisions"] if d["clusterQueue"] == "h100-shared"
-             and not d["leaveUnchanged"]]
+             and not d["leaveUnchanged"] and not d["admitted"]]
     assert prios == sorted(prios, reverse=True)
 
 
@@ -61,7 +63,8 @@ def test_explain(runner: CliRunner) -> None:
     r = runner.invoke(main, ["--from-file", EXAMPLE, "explain",
                              "team-research/job-notebook-batch-2f3e4"])
     assert r.exit_code == 0, r.output
-    for word in ("Class:", "Fairness:", "Aging:", "Base priority:", "Behind", "share nvidia"):
+    for word in ("Class:", "Fairness:", "Aging:", "Priority:", "Behind",
+                 "share a100:nvidia.com/gpu"):
         assert word in r.output
     r = runner.invoke(main, ["explain", "team-nlp/job-llama-pretrain-77aa1", "--from-file",
                              EXAMPLE, "-o", "json"])
@@ -173,4 +176,4 @@ def test_snapshot_from_stdin(runner: CliRunner) -> None:
     text = Path(EXAMPLE).read_text()
     r = runner.invoke(main, ["--from-file", "-", "-o", "json"], input=text)
     assert r.exit_code == 0, r.output
-    assert len(json.loads(r.output)["decisions"]) == 10
+    assert len([d for d in json.loads(r.output)["decisions"] if not d["admitted"]]) == 10

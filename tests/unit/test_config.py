@@ -77,9 +77,17 @@ def test_every_error_at_once(tmp_path: Path) -> None:
     ("env", "key"),
     [
         ({"PRIORITY_WEIGHTS": "{urgent: 1, approved: 2, normal: 3}"}, "PRIORITY_WEIGHTS"),
-        ({"FAIRNESS_POINTS": "100980"}, "FAIRNESS_POINTS"),  # = smallest gap x unit
+        ({"FAIRNESS_POINTS": "148500"}, "FAIRNESS_POINTS"),  # = smallest gap x unit
+        ({"APPROVED_PREEMPTS_NORMAL": "true"}, "APPROVED_PREEMPTS_NORMAL"),  # bands overlap
+        ({"TEAM_WEIGHTS": "{a: 1e308}"}, "TEAM_WEIGHTS"),
+        ({"TEAM_WEIGHTS": "{a: 1e-9}"}, "TEAM_WEIGHTS"),
+        ({"RESOURCE_WEIGHTS": "{cpu: 1e300}"}, "RESOURCE_WEIGHTS"),
+        ({"RESOURCE_WEIGHTS": "{cpu: 0}"}, "RESOURCE_WEIGHTS"),
+        ({"PRIORITY_REBASE_PERIOD": "10m"}, "PRIORITY_REBASE_PERIOD"),
+        ({"BASE_PRIORITY_CAP": "-1"}, "BASE_PRIORITY_CAP"),
+        ({"FAIRNESS_HYSTERESIS": "9"}, "FAIRNESS_HYSTERESIS"),
+        ({"REQUEUE_TIMESTAMP": "later"}, "REQUEUE_TIMESTAMP"),
         ({"AGING_COEFFICIENT": "5000"}, "AGING_COEFFICIENT"),
-        ({"AGING_STEP": "0"}, "AGING_STEP"),
         ({"TEAM_SOURCE": "label", "TEAM_LABEL_KEY": ""}, "TEAM_LABEL_KEY"),
         ({"TEAM_WEIGHTS": "{a: 0}"}, "TEAM_WEIGHTS"),
         ({"HAMI_RULES": "[{nodePolicy: fast}]"}, "HAMI_RULES"),
@@ -107,16 +115,42 @@ def test_unreadable_config_file(tmp_path: Path) -> None:
 def test_overtake_window_and_warning() -> None:
     s = Settings()
     assert dict(s.priority_weights) == {"urgent": 1000, "approved": 100, "normal": 1}
-    assert s.overtake_window(PriorityClass.NORMAL) == 100000 + 300
-    assert s.overtake_window(PriorityClass.APPROVED) == 99 * 1020 + 100000 + 300
+    assert s.overtake_window(PriorityClass.NORMAL) == 100000 + 1
+    assert s.overtake_window(PriorityClass.APPROVED) == 99 * 1500 + 100000 + 1
     assert math.isinf(s.overtake_window(PriorityClass.URGENT))  # urgent: by design, see docs
     assert not s.warnings()
     text = s.starvation_bound(lambda sec: f"{sec:.0f}s")
-    assert "normal work arriving within 100300s" in text
-    assert "approved work arriving within 201280s" in text
+    assert "normal work arriving within 100001s" in text
+    assert "approved work arriving within 248501s" in text
     assert "and by urgent work at any time" in text
-    covered = with_overrides(s, max_aging_time=13 * 86400.0)
-    assert covered.overtake_window() == 999 * 1020 + 100000 + 300
+    covered = with_overrides(s, max_aging_time=30 * 86400.0, priority_class_unit=2000)
+    assert covered.overtake_window() == 999 * 2000 + 100000 + 1
     assert "at any time" not in covered.starvation_bound(str)
     weak = load_settings(env={"AGING_COEFFICIENT": "0.01"}, config_path=REPO / "config.yaml")
     assert math.isinf(weak.overtake_window()) and weak.warnings()
+
+
+def test_bands_guards_and_the_urgent_preemption_warning() -> None:
+    s = Settings()
+    span = 100000 + 1 * (7 * 86400 + 7 * 86400)
+    assert s.band_span() == span
+    assert s.guard(PriorityClass.URGENT) == 1000 * 1500 + span + 1
+    assert s.guard(PriorityClass.APPROVED) == s.guard(PriorityClass.NORMAL) == 100 * 1500 + span + 1
+    assert s.urgent_preempts() and s.class_term(PriorityClass.URGENT) > s.guard(
+        PriorityClass.APPROVED)
+    narrow = with_overrides(s, priority_class_unit=1020)  # the v1 unit: bands overlap
+    assert not narrow.urgent_preempts()
+    assert any("urgent work cannot preempt" in w for w in narrow.warnings())
+    apn = with_overrides(s, approved_preempts_normal=True, max_aging_time=86400.0,
+                         rebase_period=86400.0, priority_class_unit=3000)
+    assert apn.guard(PriorityClass.NORMAL) < apn.class_term(PriorityClass.APPROVED)
+
+
+def test_deprecated_key_is_accepted_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("AGING_STEP: 5m\n")
+    with caplog.at_level("WARNING"):
+        load_settings(cfg, env={"AGING_STEP": "1h"})
+    assert caplog.text.count("AGING_STEP") == 2 and "priority model v2" in caplog.text

@@ -210,14 +210,20 @@ def test_ties_are_broken_like_kueue_by_creation_then_uid() -> None:
     assert [d.key for d in plan.decisions] == ["team-a/c", "team-a/a", "team-a/b"]
 
 
-def test_warnings_for_evicting_preemption_and_afs() -> None:
-    cq = ClusterQueue("risky", KueueApiVersion.V1BETA2,
-                      quotas=(ResourceQuota("f", GPU, Decimal(8)),),
-                      preemption=Preemption(within_cluster_queue="LowerPriority"),
-                      admission_fair_sharing=True)
-    plan = compute_plan(snapshot([wl("p")], cq=cq), Settings(), NOW)
-    assert any("risky" in w and "evict" in w for w in plan.warnings)
+def test_warnings_for_newer_equal_preemption_and_afs() -> None:
+    def queue(within: str) -> ClusterQueue:
+        return ClusterQueue("risky", KueueApiVersion.V1BETA2,
+                            quotas=(ResourceQuota("f", GPU, Decimal(8)),),
+                            preemption=Preemption(within_cluster_queue=within),
+                            admission_fair_sharing=True)
+
+    plan = compute_plan(snapshot([wl("p")], cq=queue("LowerOrNewerEqualPriority")), Settings(),
+                        NOW)
+    assert any("risky" in w and "LowerOrNewerEqualPriority" in w for w in plan.warnings)
     assert any("risky" in w and "Admission Fair Sharing" in w for w in plan.warnings)
+    # LowerPriority is safe by construction (class guards): no preemption warning.
+    plan = compute_plan(snapshot([wl("p")], cq=queue("LowerPriority")), Settings(), NOW)
+    assert not any("preempt" in w for w in plan.warnings)
     assert not compute_plan(snapshot([wl("p")]), Settings(), NOW).warnings
 
 
@@ -254,7 +260,7 @@ def test_history_charges_a_new_hog_at_once() -> None:
     later = NOW + timedelta(seconds=10)
     p = compute_plan(snapshot([*hog, wl("p")]), s, later, history=quiet.history)
     assert p.teams["team-b"].dominant_share == pytest.approx(0.5)  # current, not the average
-    assert p.history is not None and p.history.usage["team-b"][GPU] < 0.01
+    assert p.history is not None and p.history.usage["cq/cq|team-b"][GPU] < 0.01
 
 
 def test_history_json_roundtrip() -> None:

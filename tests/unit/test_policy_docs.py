@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 from wdrf_build import NOW, snapshot, wl
 
 from controller.config import Settings
 from controller.domain import APPROVED_ANNOTATION, URGENT_ANNOTATION, PriorityClass
-from controller.policy import compute_plan, score
+from controller.encoding import formula_value, reference
+from controller.policy import compute_plan
 
 QUARTER = {"nvidia.com/gpucores": "25", "nvidia.com/gpumem-percentage": "25"}
 
@@ -22,28 +24,35 @@ def test_worked_example() -> None:
         wl("eval", "c", wait=10800),
         wl("sweep", "a", wait=10800),
     ]
-    plan = compute_plan(snapshot(items, gpus=16, teams=("a", "b", "c")), Settings(), NOW)
+    s = Settings()
+    assert reference(NOW, s.rebase_period).isoformat() == "2025-11-17T00:00:00+00:00"
+    snap = snapshot(items, gpus=16, teams=("a", "b", "c"))
+    plan = compute_plan(snap, s, NOW)
     got = {d.key: d.target_priority for d in plan.decisions}
     assert got == {
-        "a/pretrain": 1078600, "b/finetune": 195200, "c/eval": 111820, "a/sweep": 69820
+        "a/pretrain": 1861000, "b/finetune": 545600, "c/eval": 414700, "a/sweep": 372700
     }
     assert [d.key for d in plan.decisions] == ["a/pretrain", "b/finetune", "c/eval", "a/sweep"]
-    fair = {t: plan.teams[t].dominant_share for t in "abc"}
-    assert fair == {"a": 0.25, "b": 0.0625, "c": 0.0}
+    fair = {t: (plan.teams[t].dominant_share, plan.teams[t].level) for t in "abc"}
+    assert fair == {"a": (0.25, 29), "b": (0.0625, 43), "c": (0.0, 50)}
+    # unchanged until the rebase (Monday 00:00 UTC), then every value rises by 604,800
+    before = compute_plan(snap, s, NOW + timedelta(days=3, hours=11, minutes=59))
+    assert {d.key: d.target_priority for d in before.decisions} == got
+    after = compute_plan(snap, s, NOW + timedelta(days=3, hours=12))
+    assert {d.key: d.target_priority - got[d.key] for d in after.decisions} == {
+        k: 604800 for k in got}
 
 
-def test_worked_example_bound() -> None:
+def test_worked_example_bound_and_guards() -> None:
     s = Settings()
-    assert score(PriorityClass.NORMAL, 58000, 40 * 3600, s) == 203020
-    assert score(PriorityClass.APPROVED, 100000, 0, s) == 202000
-    assert score(PriorityClass.NORMAL, 58000, 39 * 3600, s) < 202000
-    # at the aging cap (and beyond) A/sweep still ranks below a fresh urgent workload
-    assert score(PriorityClass.NORMAL, 58000, 7 * 86400, s) == 663820
-    assert score(PriorityClass.NORMAL, 58000, 30 * 86400, s) == 663820
-    assert score(PriorityClass.URGENT, 100000, 0, s) == 1120000
-    assert score(PriorityClass.URGENT, 0, 0, s) > score(PriorityClass.NORMAL, 100000, 30 * 86400, s)
-    assert s.overtake_window(PriorityClass.NORMAL) == 100000 + 300  # 27 h 51 min 40 s
-    assert s.overtake_window(PriorityClass.APPROVED) == 200980 + 300  # 2 d 7 h 54 min 40 s
+    n = PriorityClass.NORMAL
+    assert formula_value(n, 0, 58000, 10800 + 40 * 3600, s) == 214300
+    assert formula_value(PriorityClass.APPROVED, 0, 100000, 0, s) == 250000
+    assert formula_value(n, 0, 100000, 30 * 86400, s) == 1500 + 100000 + 604800
+    assert formula_value(PriorityClass.URGENT, 0, 0, 0, s) > 1500 + 100000 + 604800
+    assert s.overtake_window(n) == 100001  # 27 h 47 min
+    assert s.overtake_window(PriorityClass.APPROVED) == 248501  # 2 d 21 h 2 min
     assert math.isinf(s.overtake_window(PriorityClass.URGENT))
-    assert math.isinf(s.overtake_window())
-    assert s.max_score() == 1724800
+    assert s.guard(n) == s.guard(PriorityClass.APPROVED) == 1459601
+    assert s.guard(PriorityClass.URGENT) == s.max_score() == 2809601
+    assert s.class_term(PriorityClass.URGENT) == 1500000 > s.guard(PriorityClass.APPROVED)

@@ -214,7 +214,7 @@ def test_worked_example_numbers_are_what_the_policy_computes() -> None:
     from controller.accounting import fairness_term
     from controller.config import Settings
     from controller.domain import PriorityClass
-    from controller.policy import score
+    from controller.encoding import pending_value
 
     s = Settings()
     example = section("How a priority is computed")
@@ -224,18 +224,19 @@ def test_worked_example_numbers_are_what_the_policy_computes() -> None:
     assert fair == {"A": 58000, "B": 86000, "C": 100000}, fair
     for t in fair:
         assert f"**{fair[t]}**" in example, t
+    to_rebase = 302400  # Thursday 12:00 UTC -> Monday 00:00 UTC
     rows = [
         (PriorityClass.URGENT, "A", 10 * 60),
         (PriorityClass.APPROVED, "B", 2 * 3600),
         (PriorityClass.NORMAL, "C", 3 * 3600),
         (PriorityClass.NORMAL, "A", 3 * 3600),
     ]
-    got = [score(cls, fair[team], wait, s) for cls, team, wait in rows]
-    assert got == [1078600, 195200, 111820, 69820], got
+    got = [pending_value(cls, 0, fair[team], to_rebase + wait, s) for cls, team, wait in rows]
+    assert got == [1861000, 545600, 414700, 372700], got
     for n in got:
         assert f"**{n}**" in example, n
-    assert "(\N{MINUS SIGN}3s)" in example and "\N{MULTIPLICATION SIGN} 1020" in example
-    assert s.priority_class_unit == 1020 and s.fairness_points == 100000
+    assert "(\N{MINUS SIGN}3s)" in example and "\N{MULTIPLICATION SIGN} 1500" in example
+    assert s.priority_class_unit == 1500 and s.fairness_points == 100000
     assert dict(s.priority_weights) == {"urgent": 1000, "approved": 100, "normal": 1}
 
 

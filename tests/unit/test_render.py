@@ -32,8 +32,10 @@ def _plan():  # type: ignore[no-untyped-def]
 def test_table_has_every_decision_in_order_and_the_problems() -> None:
     plan = _plan()
     text = render(plan, "table", Settings())
-    rows = [line.split()[2] for line in text.splitlines()[2:2 + len(plan.decisions)]]
+    rows = [line.split()[1] for line in text.splitlines()
+            if line[:1].isdigit() or line.startswith("- ")]
     assert rows == [d.key for d in plan.decisions]
+    assert max(len(line) for line in text.splitlines()) <= 120
     assert "UNCHANGED" in text and "Problems (1)" in text and "'TRUE'" in text
     assert "cores=25" in text and "override 5" in text
     assert "Starvation bound" in text
@@ -45,6 +47,11 @@ def test_json_and_yaml_are_the_same_document() -> None:
     b = yaml.safe_load(render(plan, "yaml"))
     assert a == b == json.loads(json.dumps(plan_dict(plan)))
     assert [d["rank"] for d in a["decisions"]] == list(range(len(plan.decisions)))
+    assert json.loads(render(plan, "json"), parse_constant=_no_constants)
+
+
+def _no_constants(name: str) -> None:
+    raise AssertionError(f"not strict JSON: {name}")
 
 
 def test_explain_neighbours_and_units() -> None:
@@ -55,7 +62,7 @@ def test_explain_neighbours_and_units() -> None:
     text = explain(plan, "team-b/f", Settings())
     assert "share cpu: 8 / 64" in text and "1 GPU / 8 GPU" in text and "Behind" in text
     assert "gpucores=25" in text
-    assert "not a pending workload" in explain(plan, "x/y", Settings())
+    assert "not a Workload this plan decides" in explain(plan, "x/y", Settings())
 
 
 def test_empty_plan_renders() -> None:
