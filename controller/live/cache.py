@@ -7,9 +7,10 @@
   cleanly: a stream that ends at once must not become a request loop); the backoff is reset
   only after a healthy stream (one that stayed open `healthy_after` seconds). Every restart is
   counted in `wdrf_watch_restarts_total{resource,reason}`.
-* `age()`: seconds since the cache was last known to be current (a LIST, an event or
-  bookmark, or a healthy open stream); the runner pauses writes and reports not-ready when
-  the Workload or ClusterQueue cache is older than CACHE_MAX_STALENESS.
+* `age()`: seconds since the cache was last known to be current: a LIST, or a watch stream
+  that has stayed open `healthy_after` seconds (an event on a stream that then breaks proves
+  nothing about what came after it). The runner pauses writes and reports not-ready when the
+  Workload or ClusterQueue cache is older than CACHE_MAX_STALENESS.
 * `managedFields` are dropped on arrival: they are most of a Workload's bytes and unused.
 * Every change is reported to `on_event(kind, old, new)` (old None = added, new None =
   deleted), so the runner can start a cycle promptly after an urgent arrival.
@@ -114,7 +115,7 @@ class Informer:
         self.name = spec.resource.plural
         self._healthy_after = healthy_after
         self._clock = clock
-        self._fresh_at: float | None = None  # last LIST, event or bookmark, healthy stream
+        self._fresh_at: float | None = None  # last LIST, or end of a healthy stream
         self._stream_since: float | None = None  # when the open watch stream started
 
     # -- reading --------------------------------------------------------------------------
@@ -135,10 +136,6 @@ class Informer:
             if since is not None and now - since >= self._healthy_after:
                 return 0.0
             return math.inf if self._fresh_at is None else max(0.0, now - self._fresh_at)
-
-    def _touch(self) -> None:
-        with self._lock:
-            self._fresh_at = self._clock()
 
     def items(self) -> list[JSON]:
         with self._lock:
@@ -263,8 +260,6 @@ class Informer:
                 if stop.is_set():
                     return
                 self.apply_event(event)
-                if event.get("type") != "ERROR":
-                    self._touch()
         finally:
             now = self._clock()
             with self._lock:

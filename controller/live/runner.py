@@ -95,8 +95,22 @@ SHUTDOWN_GRACE = 25.0  # below the Deployment's terminationGracePeriodSeconds (3
 
 
 def setting(settings: Settings, name: str, default: float) -> float:
-    """A setting that may not exist in older configs (read defensively)."""
-    return float(getattr(settings, name, default))
+    """A live-mode setting (WRITE_BUDGET, CLIENT_QPS, CLIENT_BURST, CACHE_MAX_STALENESS,
+    ONCE_TIMEOUT). Read defensively: until `Settings` has the field, its environment variable
+    (the config key) is used, else the default."""
+    if hasattr(settings, name):
+        return float(getattr(settings, name))
+    import os
+
+    from controller.config import p_duration
+
+    raw = os.environ.get(name.upper())
+    if raw:
+        try:
+            return float(p_duration(raw))
+        except Exception:
+            log.warning("ignoring %s=%r: not a number or duration", name.upper(), raw)
+    return default
 
 
 def default_parsers() -> Parsers:

@@ -10,6 +10,11 @@ Binaries come from ``tools/bin`` (built by ``make tools``). Usage outside pytest
         print(plane.kubeconfig)
 
 Everything is stopped by ``stop()``, on context exit, at interpreter exit and on SIGTERM/SIGHUP.
+
+The apiserver writes an audit log (``plane.audit_log``, JSON lines; policy ``AUDIT_POLICY``):
+every write request (create, update, patch, delete) with user, user agent, verb, object,
+response code and timestamps, plus watch requests for Workloads. Tests read it as an
+independent witness of what a controller sent (``audit_events``).
 """
 
 from __future__ import annotations
@@ -62,6 +67,32 @@ KCM_CONTROLLERS = ("job-controller,replicaset-controller,deployment-controller,"
                    "serviceaccount-controller,ttl-after-finished-controller,statefulset-controller,"
                    "clusterrole-aggregation-controller,node-lifecycle-controller,"
                    "pod-garbage-collector-controller")
+
+
+# What the apiserver's audit log records: every write (all users, all resources), and watches
+# of Workloads (to count re-watches); at Metadata level (no bodies), one event per request at
+# ResponseComplete (watches also at ResponseStarted).
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "verbs": ["create", "update", "patch", "delete"]},
+        {"level": "Metadata", "verbs": ["watch"],
+         "resources": [{"group": "kueue.x-k8s.io", "resources": ["workloads"]}]},
+        {"level": "None"},
+    ],
+}
+
+
+def read_audit_log(path: Path) -> list[dict[str, Any]]:
+    """The audit events in ``path`` (JSON lines; a torn last line is skipped)."""
+    out: list[dict[str, Any]] = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+    return out
 
 
 def bin_dir() -> Path:
@@ -171,6 +202,7 @@ class Plane:
             "scheduler", "kwok")}
         self.server = f"https://127.0.0.1:{self.ports['apiserver']}"
         self.kubeconfig = self.workdir / "kubeconfig"
+        self.audit_log = self.workdir / "logs" / "audit.jsonl"
         self.procs: dict[str, Proc] = {}
         self.timings: dict[str, float] = {}
         self._pki: Pki | None = None
@@ -304,6 +336,9 @@ class Plane:
             # 127.0.0.1 is not a valid Endpoints address; nothing in-cluster needs the service.
             "--endpoint-reconciler-type=none",
             "--profiling=false",
+            f"--audit-policy-file={self._audit_policy()}",
+            f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
+            "--audit-log-mode=blocking", "--audit-log-maxsize=1000",
         ]
         p = self._spawn("kube-apiserver", argv)
         t0 = time.monotonic()
@@ -312,6 +347,18 @@ class Plane:
                    lambda: _http_ok(f"{self.server}/readyz", ctx, self.token), 90,
                    [p, self.procs["etcd"]], interval=0.2)
         self.timings["apiserver"] = time.monotonic() - t0
+
+    def _audit_policy(self) -> Path:
+        path = self.workdir / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
+        self.audit_log.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def audit_events(self, user_agent_prefix: str = "") -> list[dict[str, Any]]:
+        """Audit events so far (optionally only those whose userAgent starts with the
+        prefix), in the order the apiserver logged them."""
+        return [e for e in read_audit_log(self.audit_log)
+                if str(e.get("userAgent", "")).startswith(user_agent_prefix)]
 
     def stop_apiserver(self, grace: float = 3.0) -> None:
         """Stop kube-apiserver (SIGTERM, SIGKILL after ``grace`` s); etcd and Kueue keep running.
