@@ -1,11 +1,18 @@
 """Every API permission the live controller uses: the source for `--health-check` and the
-RBAC table in docs/operations.md (which the ClusterRole/Role manifests follow)."""
+RBAC table in docs/operations.md (which the ClusterRole/Role manifests follow).
+
+In its own and Kueue's namespace every object is named (`name`, RBAC `resourceNames`), except
+for "create", which RBAC cannot narrow by name (manifests/controller-writes.yaml does, with a
+ValidatingAdmissionPolicy). SelfSubjectAccessReviews carry the name, so `--health-check` asks
+exactly what the controller will do.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from controller.config import Settings
+from controller.live.discovery import KUEUE_CONFIG_MAP, KUEUE_DEPLOYMENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,9 +23,12 @@ class Permission:
     namespace: str | None  # None = cluster-wide (all namespaces)
     why: str
     required: bool = True  # False: a fallback; missing it only degrades a feature
+    name: str | None = None  # the one object (RBAC resourceNames); None = any
 
     def describe(self) -> str:
         res = f"{self.resource}.{self.group}" if self.group else self.resource
+        if self.name:
+            res += f" {self.name}"
         where = f"in {self.namespace}" if self.namespace else "cluster-wide"
         return f"{self.verb} {res} ({where})"
 
@@ -46,12 +56,16 @@ def permissions(settings: Settings) -> list[Permission]:
     if settings.leader_election:
         for verb in ("get", "create", "update"):
             out.append(Permission("coordination.k8s.io", "leases", verb, ns_ctl,
-                                  "leader election"))
+                                  "leader election",
+                                  name=None if verb == "create" else settings.lease_name))
     if settings.usage_half_life > 0:
         for verb in ("get", "create", "update"):
-            out.append(Permission("", "configmaps", verb, ns_ctl, "decayed usage history"))
+            out.append(Permission("", "configmaps", verb, ns_ctl, "decayed usage history",
+                                  name=None if verb == "create" else settings.history_config_map))
     out.append(Permission("", "configmaps", "get", ns_kueue,
-                          "PriorityBoost gate in kueue-manager-config", required=False))
+                          "PriorityBoost gate in kueue-manager-config", required=False,
+                          name=KUEUE_CONFIG_MAP))
     out.append(Permission("apps", "deployments", "get", ns_kueue,
-                          "PriorityBoost gate in the Kueue manager's args", required=False))
+                          "PriorityBoost gate in the Kueue manager's args", required=False,
+                          name=KUEUE_DEPLOYMENT))
     return out

@@ -8,8 +8,10 @@
   not do (delete Workloads, read Secrets, change ClusterQueues).
 
 Isolation on the shared plane: example namespaces, ClusterQueues and the cohort get a random
-suffix, and the policy binding gets a namespaceSelector for this module's namespaces only
-(the shipped, unscoped binding is validated with a server-side dry run).
+suffix, and the bindings of the class policy and the submitter stamp get a namespaceSelector for
+namespaces labelled SCOPE_LABEL (this module's and tests/plane/test_redteam.py's; the shipped,
+unscoped bindings are validated with a server-side dry run). Installed with the usage-history
+component (the controller runs here with USAGE_HALF_LIFE > 0).
 """
 
 from __future__ import annotations
@@ -50,9 +52,10 @@ BOOST = "kueue.x-k8s.io/priority-boost"
 BASE = "wdrf.x-k8s.io/base-priority"
 APPLIED = "wdrf.x-k8s.io/applied-priority"
 USERS_GROUP = "wdrf-test:users"  # RBAC for the impersonated people below
+LEAD_PREFIX = "wdrf:team-lead:"  # teamLeadGroupPrefix: leads of <namespace> are in <prefix><ns>
 ORDINARY = ("alice", [USERS_GROUP])
-LEAD = ("lena", [USERS_GROUP, "wdrf:team-leads"])
 ADMIN = ("adam", [USERS_GROUP, "wdrf:admins"])
+SCOPED_BINDINGS = ("wdrf-class-annotations", "wdrf-submitted-by")
 
 Obj = dict[str, Any]
 _CONFIG_KEYS = frozenset(KEYS)
@@ -75,6 +78,11 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
         "/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
     "ValidatingAdmissionPolicyBinding": (
         "/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", False),
+    "MutatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1", "mutatingadmissionpolicies", False),
+    "MutatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1", "mutatingadmissionpolicybindings", False),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
     "ResourceFlavor": ("/apis/kueue.x-k8s.io/v1beta2", "resourceflavors", False),
     "ClusterQueue": ("/apis/kueue.x-k8s.io/v1beta2", "clusterqueues", False),
     "LocalQueue": ("/apis/kueue.x-k8s.io/v1beta2", "localqueues", True),
@@ -115,20 +123,31 @@ def suffix() -> str:
     return uuid.uuid4().hex[:5]
 
 
-@pytest.fixture(scope="module")
-def installed(admin: k8s.ApiClient, suffix: str) -> list[Obj]:
-    """The rendered manifests, applied. The admission binding is scoped to labelled namespaces."""
-    objs = kube.render_kustomize(ROOT / "manifests")
+def install_manifests(admin: k8s.ApiClient, tmp: Path) -> list[Obj]:
+    """manifests/ plus the usage-history component, rendered and applied; the class policy's
+    and the submitter stamp's bindings scoped to namespaces labelled SCOPE_LABEL. The
+    params guard and the controller-writes policy are applied as shipped (they only concern
+    kueue-system/wdrf-admission-params and the controller's own identity)."""
+    from tests.unit.test_manifests import with_history_component
+
+    objs = kube.render_kustomize(with_history_component(tmp))
     for o in objs:
-        if o["kind"] == "ValidatingAdmissionPolicyBinding":
+        if o["kind"].endswith("AdmissionPolicyBinding") and \
+                o["metadata"]["name"] in SCOPED_BINDINGS:
             ssa(admin, o, dry_run=True)  # the shipped, cluster-wide binding is valid as is
             scoped = copy.deepcopy(o)
-            scoped["spec"]["matchResources"] = {
-                "namespaceSelector": {"matchLabels": {SCOPE_LABEL: suffix}}}
+            scoped["spec"]["matchResources"] = {"namespaceSelector": {"matchExpressions": [
+                {"key": SCOPE_LABEL, "operator": "Exists"}]}}
             ssa(admin, scoped)
         else:
             ssa(admin, o)
     return objs
+
+
+@pytest.fixture(scope="module")
+def installed(admin: k8s.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    """The rendered manifests (with the usage-history component), applied."""
+    return install_manifests(admin, tmp_path_factory.mktemp("kustomize"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -192,10 +211,12 @@ def policy_ready(admin: k8s.ApiClient, installed: list[Obj], suffix: str) -> str
 
 
 @pytest.fixture
-def people(admin: k8s.ApiClient) -> Iterator[dict[str, k8s.ApiClient]]:
+def people(admin: k8s.ApiClient, policy_ready: str) -> Iterator[dict[str, k8s.ApiClient]]:
+    """alice (ordinary), lena (lead of the policy namespace) and adam (admin)."""
     clients = {
         "ordinary": kube.impersonating_client(admin, *ORDINARY),
-        "lead": kube.impersonating_client(admin, *LEAD),
+        "lead": kube.impersonating_client(admin, "lena",
+                                          [USERS_GROUP, LEAD_PREFIX + policy_ready]),
         "admin": kube.impersonating_client(admin, *ADMIN),
     }
     yield clients
@@ -296,14 +317,17 @@ def test_every_example_applies_and_kueue_takes_it(admin: k8s.ApiClient, suffix: 
 def test_ordinary_user_cannot_set_class_annotations_on_jobs(
         policy_ready: str, people: dict[str, k8s.ApiClient]) -> None:
     ns, alice = policy_ready, people["ordinary"]
-    for key, who in ((APPROVED, "wdrf:team-leads, wdrf:admins"), (URGENT, "wdrf:admins"),
-                     (OVERRIDE, "wdrf:admins")):
+    for key, who in ((APPROVED, f"may only be set by a lead of namespace {ns} (groups "
+                                f"{LEAD_PREFIX}{ns}, wdrf:admins"),
+                     (URGENT, "may only be set, changed or removed by members of the groups "
+                              "wdrf:admins"),
+                     (OVERRIDE, "may only be set, changed or removed by members of the groups "
+                                "wdrf:admins")):
         body = kube.job_manifest(ns, f"j-{uuid.uuid4().hex[:5]}", None, annotations={key: "1"})
         status, message = denial(lambda body=body: kube.request(  # type: ignore[misc]
             alice, "POST", job_path(ns), body, "application/json"))
         assert status == 403, (status, message)
-        assert f"{key} may only be set, changed or removed by members of the groups {who}" \
-            in message, message
+        assert f"{key} {who}" in message, message
         assert "user alice is in none of them" in message, message
     # A Job without class annotations is fine, and so are unrelated annotations.
     name = f"j-{uuid.uuid4().hex[:5]}"
@@ -331,10 +355,11 @@ def test_team_lead_may_approve_but_not_make_urgent(
     denial(lambda: annotate(lena, job_path(ns, name), {OVERRIDE: "900"}))
     # The owner may still edit the Job when the approved value stays as it is ...
     annotate(alice, job_path(ns, name), {"team/note": "after approval"})
-    # ... but may not withdraw or change the approval.
-    status, message = denial(lambda: annotate(alice, job_path(ns, name), {APPROVED: None}))
+    # ... and may withdraw it (that only lowers the priority), but not approve it again.
+    annotate(alice, job_path(ns, name), {APPROVED: "false"})
+    status, message = denial(lambda: annotate(alice, job_path(ns, name), {APPROVED: "true"}))
     assert status == 403 and APPROVED in message
-    denial(lambda: annotate(alice, job_path(ns, name), {APPROVED: "false"}))
+    annotate(alice, job_path(ns, name), {APPROVED: None})
 
 
 def test_admin_may_set_every_class_annotation(
@@ -371,16 +396,19 @@ def test_workload_class_annotations_follow_the_same_rules(
         status, message = denial(lambda key=key: annotate(  # type: ignore[misc]
             alice, path, {key: "7"}))
         assert status == 403 and key in message and "alice" in message, message
-    annotate(lena, path, {APPROVED: "true"})
+    # A Job's Workload: its lead approves the Job, not the Workload (S6).
+    status, message = denial(lambda: annotate(lena, path, {APPROVED: "true"}))
+    assert status == 403 and "team leads approve the Job itself" in message, message
     status, message = denial(lambda: annotate(lena, path, {URGENT: "true"}))
     assert status == 403 and "wdrf:admins" in message
-    out = annotate(adam, path, {URGENT: "true", OVERRIDE: "100"})
+    out = annotate(adam, path, {URGENT: "true", OVERRIDE: "100", APPROVED: "true"})
     assert out["metadata"]["annotations"][URGENT] == "true"
     out = annotate(adam, path, {BASE: "7", APPLIED: "7"})  # admins may, like the controller
     assert out["metadata"]["annotations"][APPLIED] == "7"
     # The same rules through the served v1beta1 API (converted by Kueue's webhook).
     v1 = kube.kueue_path("workloads", wl["metadata"]["name"], ns, version="v1beta1")
-    denial(lambda: annotate(alice, v1, {APPROVED: None}))
+    status, message = denial(lambda: annotate(alice, v1, {OVERRIDE: None}))
+    assert status == 403 and OVERRIDE in message, message
 
 
 def test_controller_and_kueue_service_accounts_are_not_blocked(
@@ -417,37 +445,34 @@ def test_controller_and_kueue_service_accounts_are_not_blocked(
 
 def test_changing_the_params_changes_who_may_approve(
         admin: k8s.ApiClient, policy_ready: str, people: dict[str, k8s.ApiClient]) -> None:
-    """The group names are configuration: with teamLeadGroups changed, the old group is out."""
+    """The group names are configuration: with teamLeadGroups set, its members lead every
+    namespace; emptied again, they do not."""
     ns = policy_ready
     cm_path = f"/api/v1/namespaces/{NS}/configmaps/wdrf-admission-params"
     old = kube.request(admin, "GET", cm_path)["data"]["teamLeadGroups"]
-    name = f"j-{uuid.uuid4().hex[:5]}"
+    name, probe = f"j-{uuid.uuid4().hex[:5]}", f"p-{uuid.uuid4().hex[:5]}"
     kube.create_job(admin, ns, name, None)
-    probe = kube.job_manifest(ns, f"p-{uuid.uuid4().hex[:5]}", None,
-                              annotations={APPROVED: "true"})
-    try:
-        kube.request(admin, "PATCH", cm_path, {"data": {"teamLeadGroups": "wdrf:approvers"}})
+    kube.create_job(admin, ns, probe, None)  # never approved: the dry runs below
+    abe = kube.impersonating_client(admin, "abe", [USERS_GROUP, "wdrf:approvers"])
 
-        def lead_refused() -> bool:
-            try:
-                kube.request(people["lead"], "POST", job_path(ns), probe, "application/json",
-                             {"dryRun": "All"})
-            except ApiException as e:
-                return "wdrf:approvers" in str(e.body)
+    def abe_may_approve() -> bool:
+        try:
+            kube.request(abe, "PATCH", job_path(ns, probe),
+                         {"metadata": {"annotations": {APPROVED: "true"}}},
+                         query={"dryRun": "All"})
+        except ApiException as e:
+            assert "user abe is in none of them" in str(e.body), e.body
             return False
-
-        kube.wait_for(lead_refused, 30, "the new teamLeadGroups to take effect")
-        approver = kube.impersonating_client(admin, "abe", [USERS_GROUP, "wdrf:approvers"])
-        annotate(approver, job_path(ns, name), {APPROVED: "true"})
-    finally:
-        kube.request(admin, "PATCH", cm_path, {"data": {"teamLeadGroups": old}})
-
-    def lead_allowed_again() -> bool:
-        kube.request(people["lead"], "POST", job_path(ns), probe, "application/json",
-                     {"dryRun": "All"})
         return True
 
-    kube.wait_for(lead_allowed_again, 30, "teamLeadGroups restored")
+    assert not abe_may_approve()
+    try:
+        kube.request(admin, "PATCH", cm_path, {"data": {"teamLeadGroups": "wdrf:approvers"}})
+        kube.wait_for(abe_may_approve, 30, "the new teamLeadGroups to take effect")
+        annotate(abe, job_path(ns, name), {APPROVED: "true"})
+    finally:
+        kube.request(admin, "PATCH", cm_path, {"data": {"teamLeadGroups": old}})
+    kube.wait_for(lambda: not abe_may_approve(), 30, "teamLeadGroups restored")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,8 +497,8 @@ def test_controller_identity_can_do_what_it_needs(controller_client: k8s.ApiClie
 
     for group, resource, verb in sorted(expected_cluster_rules()):
         assert _can(controller_client, verb, group, resource, "team-x"), (group, resource, verb)
-    for group, resource, verb, _name in sorted(expected_namespace_rules(), key=str):
-        assert _can(controller_client, verb, group, resource, NS), (resource, verb)
+    for group, resource, verb, name in sorted(expected_namespace_rules(), key=str):
+        assert _can(controller_client, verb, group, resource, NS, name), (resource, verb, name)
     # Really reads Kueue's manager configuration (the plane has it), and the health check's
     # own view agrees: every permission the live controller lists is granted.
     kube.request(controller_client, "GET",
@@ -483,7 +508,8 @@ def test_controller_identity_can_do_what_it_needs(controller_client: k8s.ApiClie
 
     s = with_overrides(Settings(), usage_half_life=3600.0)
     for p in permissions(s):
-        assert _can(controller_client, p.verb, p.group, p.resource, p.namespace or "team-x"), p
+        assert _can(controller_client, p.verb, p.group, p.resource, p.namespace or "team-x",
+                    p.name), p
 
 
 def test_controller_identity_is_denied_what_it_must_not_do(
@@ -517,6 +543,15 @@ def test_controller_identity_is_denied_what_it_must_not_do(
                                   ("patch", "apps", "deployments"),
                                   ("update", "apps", "deployments")):
         assert not _can(c, verb, group, resource, NS, None), (verb, resource)
+    # Every kueue-system object other than its own is out of reach, by name (S5).
+    for verb, group, resource, name in (
+            ("get", "", "configmaps", "wdrf-admission-params"),
+            ("update", "", "configmaps", "wdrf-admission-params"),
+            ("update", "", "configmaps", "kueue-manager-config"),
+            ("get", "coordination.k8s.io", "leases", "kueue-leader"),
+            ("update", "coordination.k8s.io", "leases", "kueue-leader"),
+            ("get", "apps", "deployments", "wdrf-controller")):
+        assert not _can(c, verb, group, resource, NS, name), (verb, resource, name)
 
     # And real attempts fail with 403.
     ns = kube.create_namespace(admin, f"deny-{suffix}")

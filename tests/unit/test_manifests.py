@@ -6,6 +6,7 @@ control plane instead (tests/plane/test_manifests_plane.py): kubernetes-validate
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from controller.config import Settings, with_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
+HISTORY_COMPONENT = MANIFESTS / "components" / "usage-history"
 EXAMPLES = ROOT / "examples"
 K8S_VERSION = "1.36.0"  # the test plane's Kubernetes minor; kubernetes-validate ships 1.36.0
 NAMESPACE = "kueue-system"
@@ -48,18 +50,33 @@ def expected_cluster_rules() -> frozenset[Rule]:
     return frozenset(out | {("authorization.k8s.io", "selfsubjectaccessreviews", "create")})
 
 
-def expected_namespace_rules() -> frozenset[NamedRule]:
-    """Grants in kueue-system (controller/live/rbac.py's namespaced rows). Not narrowed by
-    resourceNames: --health-check's SelfSubjectAccessReviews carry no object names."""
+def expected_namespace_rules(history: bool = True) -> frozenset[NamedRule]:
+    """Grants in kueue-system (controller/live/rbac.py's namespaced rows), each narrowed to its
+    object (resourceNames) except "create". ``history``: with the usage-history ConfigMap
+    (USAGE_HALF_LIFE > 0, the component components/usage-history/)."""
     from controller.live.rbac import permissions
 
+    settings = _all_features() if history else with_overrides(
+        _all_features(), usage_half_life=0.0)
     out: set[NamedRule] = set()
-    for p in permissions(_all_features()):
+    for p in permissions(settings):
         if p.namespace is None:
             continue
         assert p.namespace == NAMESPACE, p
-        out.add((p.group, p.resource, p.verb, None))
+        assert (p.name is None) == (p.verb == "create"), p
+        out.add((p.group, p.resource, p.verb, p.name))
     return frozenset(out)
+
+
+def with_history_component(tmp: Path) -> Path:
+    """A kustomization in ``tmp`` that installs manifests/ plus components/usage-history/ (as a
+    user enabling the usage history would); kustomize wants relative paths."""
+    rel = Path(os.path.relpath(MANIFESTS, tmp))
+    (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(rel)], "components": [str(rel / "components" / "usage-history")]}),
+        encoding="utf-8")
+    return tmp
 
 
 def kustomize(path: Path) -> list[Obj]:
@@ -84,6 +101,11 @@ def load_yaml_dir(path: Path) -> list[tuple[str, Obj]]:
 @pytest.fixture(scope="module")
 def rendered() -> list[Obj]:
     return kustomize(MANIFESTS)
+
+
+@pytest.fixture(scope="module")
+def rendered_with_history(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    return kustomize(with_history_component(tmp_path_factory.mktemp("history")))
 
 
 def find(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
@@ -131,13 +153,20 @@ def test_kustomize_renders_expected_objects(rendered: list[Obj]) -> None:
         "ConfigMap/wdrf-admission-params",
         "ConfigMap/wdrf-controller-config-",  # generated, with a content hash
         "Deployment/wdrf-controller",
+        "MutatingAdmissionPolicy/wdrf-submitted-by",
+        "MutatingAdmissionPolicyBinding/wdrf-submitted-by",
+        "NetworkPolicy/wdrf-controller",
         "PodDisruptionBudget/wdrf-controller",
         "Role/wdrf-controller",
         "RoleBinding/wdrf-controller",
         "Service/wdrf-controller-metrics",
         "ServiceAccount/wdrf-controller",
+        "ValidatingAdmissionPolicy/wdrf-admission-params-guard",
         "ValidatingAdmissionPolicy/wdrf-class-annotations",
+        "ValidatingAdmissionPolicy/wdrf-controller-writes",
+        "ValidatingAdmissionPolicyBinding/wdrf-admission-params-guard",
         "ValidatingAdmissionPolicyBinding/wdrf-class-annotations",
+        "ValidatingAdmissionPolicyBinding/wdrf-controller-writes",
     ]
     assert len(kinds) == len(expected_prefixes), kinds
     for got, want in zip(kinds, expected_prefixes, strict=True):
@@ -151,6 +180,8 @@ def test_no_namespace_object_and_everything_in_kueue_system(rendered: list[Obj])
         "ClusterRoleBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
     }
     for o in rendered:
         ns = o["metadata"].get("namespace")
@@ -160,8 +191,11 @@ def test_no_namespace_object_and_everything_in_kueue_system(rendered: list[Obj])
             assert ns == NAMESPACE, o["metadata"]
 
 
-def test_every_rendered_manifest_validates(rendered: list[Obj]) -> None:
-    for o in rendered:
+def test_every_rendered_manifest_validates(rendered: list[Obj],
+                                           rendered_with_history: list[Obj]) -> None:
+    for o in rendered + rendered_with_history:
+        k8s_validate(o)
+    for o in kustomize(MANIFESTS / "agent"):
         k8s_validate(o)
 
 
@@ -197,7 +231,11 @@ def test_admission_kustomization_renders_on_its_own() -> None:
     objs = kustomize(MANIFESTS / "admission")
     assert sorted(o["kind"] for o in objs) == [
         "ConfigMap",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
     for o in objs:
@@ -312,22 +350,67 @@ def test_cluster_role_is_exactly_what_the_controller_uses(rendered: list[Obj]) -
         assert "nonResourceURLs" not in r
 
 
-def test_namespaced_role_is_exactly_lease_history_and_kueue_config(rendered: list[Obj]) -> None:
-    role = find(rendered, "Role")
-    assert role["metadata"]["namespace"] == NAMESPACE
-    got = list(named_rules(role["rules"]))
+def _namespaced_grants(objs: list[Obj]) -> list[NamedRule]:
+    out: list[NamedRule] = []
+    for role in (o for o in objs if o["kind"] == "Role"):
+        assert role["metadata"]["namespace"] == NAMESPACE
+        out += named_rules(role["rules"])
+    return out
+
+
+def test_namespaced_role_is_exactly_lease_and_kueue_config_by_name(rendered: list[Obj]) -> None:
+    """Without the usage history (the default): the Lease and Kueue's config, each by name; no
+    ConfigMap write of any kind."""
+    got = _namespaced_grants(rendered)
     assert len(got) == len(set(got)), "duplicate grants"
-    want = expected_namespace_rules()
+    want = expected_namespace_rules(history=False)
     assert set(got) == want, (set(got) - want, want - set(got))
-    # Nothing there is listed, watched, patched or deleted; Deployments are only read.
-    for g, res, v, _name in got:
+    assert not [r for r in got if r[1] == "configmaps" and r[2] != "get"], got
+    # Nothing there is listed, watched, patched or deleted; Deployments are only read; every
+    # rule but "create" names its object.
+    for g, res, v, name in got:
         assert v in ("get", "create", "update"), (g, res, v)
         assert res != "deployments" or v == "get"
+        assert (name is None) == (v == "create"), (g, res, v, name)
 
 
-def test_no_wildcards_and_no_secrets_anywhere(rendered: list[Obj]) -> None:
-    for kind in ("ClusterRole", "Role"):
-        for g, res, v in rule_triples(find(rendered, kind)["rules"]):
+def test_usage_history_component_adds_exactly_the_history_configmap(
+        rendered: list[Obj], rendered_with_history: list[Obj]) -> None:
+    got = _namespaced_grants(rendered_with_history)
+    assert len(got) == len(set(got)), "duplicate grants"
+    want = expected_namespace_rules(history=True)
+    assert set(got) == want, (set(got) - want, want - set(got))
+    added = set(got) - set(_namespaced_grants(rendered))
+    assert added == {("", "configmaps", "get", "wdrf-usage-history"),
+                     ("", "configmaps", "update", "wdrf-usage-history"),
+                     ("", "configmaps", "create", None)}, added
+    binding = find(rendered_with_history, "RoleBinding", "wdrf-controller-usage-history")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "wdrf-controller", "namespace": NAMESPACE}]
+    assert binding["roleRef"]["name"] == "wdrf-controller-usage-history"
+    for o in rendered_with_history:
+        k8s_validate(o)
+
+
+def test_kueue_system_names_match_the_controller_and_the_writes_policy(
+        rendered_with_history: list[Obj]) -> None:
+    """The names in resourceNames are the ones the controller uses (LEASE_NAME,
+    HISTORY_CONFIG_MAP defaults, Kueue's objects) and the ones controller-writes.yaml lets it
+    create."""
+    from controller.live.discovery import KUEUE_CONFIG_MAP, KUEUE_DEPLOYMENT
+
+    s = Settings()
+    names = {n for _g, _r, _v, n in _namespaced_grants(rendered_with_history) if n}
+    assert names == {s.lease_name, s.history_config_map, KUEUE_CONFIG_MAP, KUEUE_DEPLOYMENT}
+    vap = find(rendered_with_history, "ValidatingAdmissionPolicy", "wdrf-controller-writes")
+    text = yaml.safe_dump(vap["spec"]["validations"])
+    assert f"'{s.lease_name}'" in text and f"'{s.history_config_map}'" in text
+
+
+def test_no_wildcards_and_no_secrets_anywhere(rendered_with_history: list[Obj]) -> None:
+    for role in (o for o in rendered_with_history if o["kind"] in ("ClusterRole", "Role")):
+        kind = role["kind"]
+        for g, res, v in rule_triples(role["rules"]):
             assert "*" not in (g, res, v), (kind, g, res, v)
             assert res != "secrets" and not res.startswith("secrets/"), (kind, res)
             assert v not in ("delete", "deletecollection", "escalate", "bind", "impersonate")
@@ -455,8 +538,9 @@ def test_service_and_pdb_select_the_controller_pods(rendered: list[Obj]) -> None
 # Admission policy (its behaviour is proven on the real apiserver in the plane test)
 
 
-def test_admission_policy_guards_jobs_and_workloads(rendered: list[Obj]) -> None:
-    vap = find(rendered, "ValidatingAdmissionPolicy")
+def test_admission_policy_guards_every_object_a_priority_or_team_is_read_from(
+        rendered: list[Obj]) -> None:
+    vap = find(rendered, "ValidatingAdmissionPolicy", "wdrf-class-annotations")
     assert vap["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert vap["spec"]["failurePolicy"] == "Fail"
     rules = {
@@ -467,32 +551,98 @@ def test_admission_policy_guards_jobs_and_workloads(rendered: list[Obj]) -> None
     }
     assert rules == {
         ("batch", "jobs"): {"CREATE", "UPDATE"},
+        ("batch", "jobs/status"): {"CREATE", "UPDATE"},  # S4: metadata persists through status
+        ("batch", "cronjobs"): {"CREATE", "UPDATE"},  # S9: their job template
         ("kueue.x-k8s.io", "workloads"): {"CREATE", "UPDATE"},
+        ("kueue.x-k8s.io", "localqueues"): {"CREATE", "UPDATE"},
+        ("", "pods"): {"CREATE", "UPDATE"},
     }
-    text = yaml.safe_dump(vap["spec"]["validations"])
-    for key in ("approved", "urgent", "priority-override", "base-priority", "applied-priority"):
+    text = yaml.safe_dump(vap["spec"])
+    for key in ("approved", "urgent", "priority-override", "base-priority", "applied-priority",
+                "submitted-by"):
         assert f"wdrf.x-k8s.io/{key}" in text
-    # The controller-owned keys are in the list of guarded keys, next to each other.
-    changed = next(v["expression"] for v in vap["spec"]["variables"] if v["name"] == "changed")
-    for key in ("wdrf.x-k8s.io/base-priority", "wdrf.x-k8s.io/applied-priority",
-                "kueue.x-k8s.io/priority-boost"):
-        assert f"'{key}'" in changed, key
+    for what in ("kueue.x-k8s.io/priority-class", "priorityClassName", "priorityClassRef",
+                 "spec.priority", "teamLabelKey", "allowedPriorityClasses", "quantity("):
+        assert what in text, what
+    # Kueue, the controller and the CronJob controller are exempt in the policy itself (S7),
+    # not only in the params.
+    exempt = vap["spec"]["matchConditions"][0]["expression"]
+    for user in (SA_USER, "system:serviceaccount:kueue-system:kueue-controller-manager",
+                 "system:serviceaccount:kube-system:cronjob-controller"):
+        assert f"'{user}'" in exempt, user
 
 
 def test_admission_binding_and_params(rendered: list[Obj]) -> None:
-    vap = find(rendered, "ValidatingAdmissionPolicy")
-    binding = find(rendered, "ValidatingAdmissionPolicyBinding")
+    vap = find(rendered, "ValidatingAdmissionPolicy", "wdrf-class-annotations")
+    binding = find(rendered, "ValidatingAdmissionPolicyBinding", "wdrf-class-annotations")
     params = find(rendered, "ConfigMap", "wdrf-admission-params")
     assert binding["spec"]["policyName"] == vap["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     ref = binding["spec"]["paramRef"]
     assert ref["name"] == params["metadata"]["name"]  # not a generated (hashed) name
     assert ref["namespace"] == params["metadata"]["namespace"] == NAMESPACE
-    assert ref["parameterNotFoundAction"] == "Deny"
+    # S7: the apiserver resolves params before matchConditions; Deny would lock out Kueue.
+    assert ref["parameterNotFoundAction"] == "Allow"
     assert vap["spec"]["paramKind"] == {"apiVersion": "v1", "kind": "ConfigMap"}
     data = params["data"]
-    assert "wdrf:team-leads" in data["teamLeadGroups"].split(",")
+    assert data["teamLeadGroupPrefix"] == "wdrf:team-lead:"
+    assert data["teamLeadGroups"] == "" and data["allowSelfApproval"] == "false"
     assert "wdrf:admins" in data["adminGroups"].split(",")
-    exempt = data["exemptUsers"].split(",")
-    assert SA_USER in exempt
-    assert "system:serviceaccount:kueue-system:kueue-controller-manager" in exempt
+    assert data["allowedPriorityClasses"] == "" and data["teamLabelKey"] == "wdrf.x-k8s.io/team"
+    assert data["exemptUsers"] == ""
+    assert Settings().team_label_key == data["teamLabelKey"]
+
+
+def test_admission_params_are_guarded(rendered: list[Obj]) -> None:
+    guard = find(rendered, "ValidatingAdmissionPolicy", "wdrf-admission-params-guard")
+    ops = {o for r in guard["spec"]["matchConstraints"]["resourceRules"] for o in r["operations"]}
+    assert ops == {"CREATE", "UPDATE", "DELETE"}
+    cond = guard["spec"]["matchConditions"][0]["expression"]
+    assert "'kueue-system'" in cond and "'wdrf-admission-params'" in cond
+    assert "system:authenticated" in yaml.safe_dump(guard["spec"]["validations"])
+    binding = find(rendered, "ValidatingAdmissionPolicyBinding", "wdrf-admission-params-guard")
+    assert binding["spec"]["validationActions"] == ["Deny"]
+
+
+def test_submitter_stamp_covers_jobs_and_cronjob_templates(rendered: list[Obj]) -> None:
+    map_ = find(rendered, "MutatingAdmissionPolicy", "wdrf-submitted-by")
+    assert map_["apiVersion"] == "admissionregistration.k8s.io/v1"
+    (rule,) = map_["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["resources"]) == {"jobs", "cronjobs"} and rule["operations"] == ["CREATE"]
+    text = yaml.safe_dump(map_["spec"]["mutations"])
+    assert "jobTemplate" in text and "wdrf.x-k8s.io/submitted-by" in text
+    assert find(rendered, "MutatingAdmissionPolicyBinding")["spec"]["policyName"] == \
+        "wdrf-submitted-by"
+
+
+def test_controller_writes_policy_narrows_every_cluster_wide_patch(rendered: list[Obj]) -> None:
+    """Every resource the ClusterRole lets the controller patch is narrowed by the
+    controller-writes policy, for the controller's ServiceAccount only."""
+    vap = find(rendered, "ValidatingAdmissionPolicy", "wdrf-controller-writes")
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    matched = {(g, r) for rule in vap["spec"]["matchConstraints"]["resourceRules"]
+               for g in rule["apiGroups"] for r in rule["resources"]}
+    patched = {(g, r) for g, r, v in expected_cluster_rules() if v in ("patch", "update")}
+    assert patched <= matched, patched - matched
+    assert {("coordination.k8s.io", "leases"), ("", "configmaps")} <= matched  # create by name
+    cond = vap["spec"]["matchConditions"][0]["expression"]
+    assert ":wdrf-controller'" in cond
+    assert "paramKind" not in vap["spec"]  # no params: nothing to delete to turn it off
+    b = find(rendered, "ValidatingAdmissionPolicyBinding", "wdrf-controller-writes")
+    assert b["spec"]["validationActions"] == ["Deny"] and "paramRef" not in b["spec"]
+
+
+def test_network_policies_select_the_pods_and_limit_ingress_to_the_metrics_port(
+        rendered: list[Obj]) -> None:
+    for objs, workload_kind, port in ((rendered, "Deployment", "http"),
+                                      (kustomize(MANIFESTS / "agent"), "DaemonSet", "metrics")):
+        np = find(objs, "NetworkPolicy")
+        labels = find(objs, workload_kind)["spec"]["template"]["metadata"]["labels"]
+        assert np["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        assert set(np["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+        (rule,) = np["spec"]["ingress"]
+        assert [p["port"] for p in rule["ports"]] == [port]
+        assert rule["from"] == [{"namespaceSelector": {"matchLabels": {
+            "wdrf.x-k8s.io/metrics-scraper": "true"}}}]
+        (egress,) = np["spec"]["egress"]
+        assert "to" not in egress and {p["port"] for p in egress["ports"]} == {443, 6443}
