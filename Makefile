@@ -9,7 +9,7 @@ DRY_VENV ?= .venv-dry-run
 DRY_PY := $(DRY_VENV)/bin/python
 SNAPSHOT ?= examples/cluster-snapshot.yaml
 
-.PHONY: dry-run test venv tools cluster lint unit bench promtool helm
+.PHONY: dry-run test venv tools cluster lint unit bench promtool helm chart
 
 venv: $(VENV)/.installed
 
@@ -37,6 +37,11 @@ promtool:
 
 tools:
 	bash tools/build.sh
+
+# The Helm chart is generated from manifests/: run after changing anything there
+# (tests/unit/test_chart.py fails while the chart is stale).
+chart: venv
+	$(PY) tools/gen_chart.py
 
 # helm alone (chart tests), from tools/helm; `make tools` builds it too.
 helm:
