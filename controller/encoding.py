@@ -96,7 +96,13 @@ def formula_value(
 
 
 def iso(ts: datetime) -> str:
-    return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """RFC 3339 in UTC to the second, as Kubernetes writes timestamps."""
+    if ts.utcoffset() != _ZERO:
+        ts = ts.astimezone(UTC)
+    return ts.isoformat(timespec="seconds")[:19] + "Z"
+
+
+_ZERO = timedelta(0)
 
 
 def pending_terms(

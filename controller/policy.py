@@ -52,6 +52,7 @@ from controller.domain import (
     ClusterSnapshot,
     InputProblem,
     JobInfo,
+    PriorityClass,
     TeamSource,
     Workload,
 )
@@ -130,7 +131,8 @@ def deduplicate(workloads: Iterable[Workload]) -> tuple[list[Workload], list[Inp
 
 def gather(snapshot: ClusterSnapshot) -> Gathered:
     workloads, dup_problems = deduplicate(w for w in snapshot.workloads if not w.finished)
-    pending = {(w.namespace, w.name) for w in workloads if w.pending and w.active}
+    pending = {(w.namespace, w.name) for w in workloads
+               if not w.quota_reserved and w.active} if snapshot.problems else set()
     plan_problems: list[InputProblem] = []
     per_workload: dict[tuple[str, str], list[InputProblem]] = {}
     for prob in (*snapshot.problems, *dup_problems):
@@ -296,10 +298,20 @@ def account(
 # score
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Scored:
-    decision: WorkloadDecision
-    sort_key: tuple[int, float, str]  # Kueue's order: priority desc, queue time, UID
+    """One pending Workload, scored; its decision is built once its rank is known. (Not
+    frozen: internal to one plan, and a frozen init costs a microsecond per Workload.)"""
+
+    member: Member
+    classified: Classified
+    problems: tuple[InputProblem, ...]
+    hami: HamiDecision | None
+    since: datetime
+    target: int  # the effective priority to write (or, unchanged, Kueue's now)
+    boost: int
+    breakdown: PriorityBreakdown | None  # None: left unchanged (bad input)
+    terms: str
 
 
 def _boost(target: int, base: int) -> tuple[int, str]:
@@ -309,17 +321,13 @@ def _boost(target: int, base: int) -> tuple[int, str]:
     return clamp_int32(boost), f"boost {boost} outside int32 (base {base}): clamped"
 
 
-def _unchanged(m: Member, c: Classified, problems: tuple[InputProblem, ...],
-               admitted: bool) -> WorkloadDecision:
-    w = m.workload
-    current = c.current_boost
-    return WorkloadDecision(
-        key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team,
-        rank=-1 if admitted else 0, base_priority=c.base, current_priority=w.priority,
-        current_boost=current, target_boost=current or 0,
-        target_priority=w.priority if w.priority is not None else c.base,
-        breakdown=None, problems=problems, leave_unchanged=True, admitted=admitted,
-    )
+class _ClassTerms:
+    """Per-class values read once per plan (enum attribute access is slow in the hot loop)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.weight = {c: settings.class_weight(c) for c in PriorityClass}
+        self.term = {c: settings.class_term(c) for c in PriorityClass}
+        self.guard = {c: settings.guard(c) for c in PriorityClass}
 
 
 def score_pending(
@@ -330,14 +338,15 @@ def score_pending(
     ref_ts, ref_iso = ref.timestamp(), iso(ref)
     now_ts = now.timestamp()
     levels = settings.fairness_levels
+    classes = _ClassTerms(settings)
     hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
     out: list[Scored] = []
     for m in acc.pending:
         w, job = m.workload, m.job
         c = classify(w, job)
-        problems: list[InputProblem] = [*g.workload_problems.get((w.namespace, w.name), ()),
-                                         *c.problems]
-        blocking = c.blocking or bool(g.workload_problems.get((w.namespace, w.name)))
+        parse_problems = g.workload_problems.get((w.namespace, w.name), ())
+        problems: list[InputProblem] = [*parse_problems, *c.problems]
+        blocking = c.blocking or bool(parse_problems)
         for prob, is_blocking in resource_problems(w, settings):
             problems.append(prob)
             blocking = blocking or is_blocking
@@ -347,42 +356,32 @@ def score_pending(
             problems += p
             blocking = True
         since = queued_since(w, mode)
-        since_ts = since.timestamp()
         if blocking:
-            d = _unchanged(m, c, tuple(problems), admitted=False)
-            planned = (w.priority or 0) + (c.current_boost or 0)
-            out.append(Scored(d, (-planned, since_ts, w.uid)))
+            now_priority = (w.priority or 0) + (c.current_boost or 0)
+            out.append(Scored(m, c, tuple(problems), hami, since, now_priority,
+                              c.current_boost or 0, None, ""))
             continue
+        since_ts = since.timestamp()
         ts = acc.shares[(m.pool, m.team)]
         aging = aging_term(since_ts, ref_ts, settings)
+        cls = c.priority_class
+        bterm = base_term(c.base, settings)
         if c.override is not None:
             target = c.override
         else:
-            target = (settings.class_term(c.priority_class) + base_term(c.base, settings)
-                      + ts.fairness_term + aging)
+            target = classes.term[cls] + bterm + ts.fairness_term + aging
         boost, clamped = _boost(target, c.base)
         if clamped:
             problems.append(InputProblem(w.ref, "spec.priority", str(c.base), clamped))
         breakdown = PriorityBreakdown(
-            priority_class=c.priority_class,
-            class_weight=settings.class_weight(c.priority_class),
-            class_term=settings.class_term(c.priority_class),
-            team=m.team, pool=m.pool,
-            dominant_resource=ts.dominant_resource, dominant_share=ts.dominant_share,
-            fairness_level=ts.level, fairness_term=ts.fairness_term,
-            queued_since=since, wait_seconds=max(now_ts - since_ts, 0.0), reference=ref,
-            aging_term=aging, base=c.base, base_term=base_term(c.base, settings),
-            override=c.override, priority=target, clamped=clamped,
+            cls, classes.weight[cls], classes.term[cls], m.team, m.pool,
+            ts.dominant_resource, ts.dominant_share, ts.level, ts.fairness_term,
+            since, max(now_ts - since_ts, 0.0), ref, aging, c.base, bterm, c.override, target,
+            False, clamped,
         )
-        terms = pending_terms(c.priority_class, m.team, m.pool, ts.level, levels,
-                              ts.fairness_term, iso(since), ref_iso, c.base, c.override, target)
-        d = WorkloadDecision(
-            key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=0,
-            base_priority=c.base, current_priority=w.priority, current_boost=c.current_boost,
-            target_boost=boost, target_priority=target, breakdown=breakdown, hami=hami,
-            problems=tuple(problems), terms=terms,
-        )
-        out.append(Scored(d, (-target, since_ts, w.uid)))
+        terms = pending_terms(cls, m.team, m.pool, ts.level, levels, ts.fairness_term,
+                              iso(since), ref_iso, c.base, c.override, target)
+        out.append(Scored(m, c, tuple(problems), hami, since, target, boost, breakdown, terms))
     return out
 
 
@@ -392,11 +391,27 @@ def preempting_pools(queues: Iterable[ClusterQueue]) -> frozenset[str]:
     return frozenset(pool_of(cq) for cq in queues if cq.preemption.can_evict)
 
 
+def _unchanged(m: Member, c: Classified, problems: tuple[InputProblem, ...],
+               admitted: bool, rank: int) -> WorkloadDecision:
+    """Bad input: leave exactly what is there."""
+    w = m.workload
+    return WorkloadDecision(
+        key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=rank,
+        base_priority=c.base, current_priority=w.priority, current_boost=c.current_boost,
+        target_boost=c.current_boost or 0,
+        target_priority=w.priority if w.priority is not None else c.base,
+        breakdown=None, problems=problems, leave_unchanged=True, admitted=admitted,
+    )
+
+
 def guard_admitted(
     acc: Accounts, g: Gathered, settings: Settings, now: datetime
 ) -> list[WorkloadDecision]:
     """Admitted Workloads that preemption can reach get their class guard."""
     pools = preempting_pools(g.queues.values())
+    classes = _ClassTerms(settings)
+    # Guards of one (class, team, pool, base, override) share their breakdown and terms.
+    shared: dict[tuple[object, ...], tuple[PriorityBreakdown, str, int, str]] = {}
     out: list[WorkloadDecision] = []
     for m in acc.admitted:
         if m.pool not in pools:
@@ -404,32 +419,33 @@ def guard_admitted(
         w = m.workload
         c = classify(w, m.job)
         if c.blocking:
-            out.append(_unchanged(m, c, c.problems, admitted=True))
+            out.append(_unchanged(m, c, c.problems, admitted=True, rank=-1))
             continue
-        target = c.override if c.override is not None else settings.guard(c.priority_class)
-        boost, clamped = _boost(target, c.base)
-        problems = list(c.problems)
+        cls = c.priority_class
+        key = (cls, m.team, m.pool, c.base, c.override)
+        hit = shared.get(key)
+        if hit is None:
+            target = c.override if c.override is not None else classes.guard[cls]
+            boost, clamped = _boost(target, c.base)
+            ts = acc.shares.get((m.pool, m.team))
+            breakdown = PriorityBreakdown(
+                cls, classes.weight[cls], classes.term[cls], m.team, m.pool,
+                ts.dominant_resource if ts else None, ts.dominant_share if ts else 0.0,
+                ts.level if ts else 0, 0, now, 0.0, now, 0, c.base, 0, c.override, target,
+                True, clamped,
+            )
+            hit = (breakdown, guard_terms(cls, m.team, m.pool, c.override, target), boost,
+                   clamped)
+            shared[key] = hit
+        breakdown, terms, boost, clamped = hit
+        problems = c.problems
         if clamped:
-            problems.append(InputProblem(w.ref, "spec.priority", str(c.base), clamped))
-        ts = acc.shares.get((m.pool, m.team))
-        breakdown = PriorityBreakdown(
-            priority_class=c.priority_class,
-            class_weight=settings.class_weight(c.priority_class),
-            class_term=settings.class_term(c.priority_class),
-            team=m.team, pool=m.pool,
-            dominant_resource=ts.dominant_resource if ts else None,
-            dominant_share=ts.dominant_share if ts else 0.0,
-            fairness_level=ts.level if ts else 0, fairness_term=0,
-            queued_since=w.created, wait_seconds=0.0, reference=now, aging_term=0,
-            base=c.base, base_term=0, override=c.override, priority=target, guard=True,
-            clamped=clamped,
-        )
+            problems = (*problems, InputProblem(w.ref, "spec.priority", str(c.base), clamped))
         out.append(WorkloadDecision(
             key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=-1,
             base_priority=c.base, current_priority=w.priority, current_boost=c.current_boost,
-            target_boost=boost, target_priority=target, breakdown=breakdown,
-            problems=tuple(problems), admitted=True,
-            terms=guard_terms(c.priority_class, m.team, m.pool, c.override, target),
+            target_boost=boost, target_priority=breakdown.priority, breakdown=breakdown,
+            problems=problems, admitted=True, terms=terms,
         ))
     out.sort(key=lambda d: d.key)
     return out
@@ -442,23 +458,24 @@ def guard_admitted(
 def order(scored: list[Scored]) -> list[WorkloadDecision]:
     """Kueue's order inside a ClusterQueue: higher priority, then earlier queue time, then
     UID; `rank` is the position within the Workload's ClusterQueue."""
-    scored.sort(key=lambda s: s.sort_key)
+    scored.sort(key=lambda s: (-s.target, s.since, s.member.workload.uid))
     position: dict[str | None, int] = {}
     out: list[WorkloadDecision] = []
     for s in scored:
-        d = s.decision
-        r = position.get(d.cluster_queue, 0)
-        position[d.cluster_queue] = r + 1
-        out.append(d if d.rank == r else _with_rank(d, r))
+        m, c = s.member, s.classified
+        rank = position.get(m.cluster_queue, 0)
+        position[m.cluster_queue] = rank + 1
+        if s.breakdown is None:
+            out.append(_unchanged(m, c, s.problems, admitted=False, rank=rank))
+            continue
+        w = m.workload
+        out.append(WorkloadDecision(
+            key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=rank,
+            base_priority=c.base, current_priority=w.priority, current_boost=c.current_boost,
+            target_boost=s.boost, target_priority=s.target, breakdown=s.breakdown,
+            hami=s.hami, problems=s.problems, terms=s.terms,
+        ))
     return out
-
-
-def _with_rank(d: WorkloadDecision, rank: int) -> WorkloadDecision:
-    return WorkloadDecision(
-        d.key, d.uid, d.cluster_queue, d.team, rank, d.base_priority, d.current_priority,
-        d.current_boost, d.target_boost, d.target_priority, d.breakdown, d.hami, d.problems,
-        d.leave_unchanged, d.admitted, d.terms,
-    )
 
 
 def plan_warnings(
