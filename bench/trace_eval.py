@@ -1,9 +1,10 @@
-"""Replay the Philly GPU trace through a Kueue + HAMi simulator, WDRF head to head with Kueue's
-own orderings. Writes a Markdown report with one table and PNG plots; prints the table.
+"""Replay the Philly GPU trace through a Kueue + HAMi model, WDRF against Kueue's own policies,
+on a tuning window and held-out busy windows x label seeds, with bootstrap 95 % confidence
+intervals and the decision-quality goals checked. Writes a Markdown report and PNG plots.
 
-    python bench/trace_eval.py --quick             # 3 busiest days, ~10 s
-    python bench/trace_eval.py                     # whole trace, a few minutes
-    python bench/trace_eval.py --trace PATH --out DIR
+    python bench/trace_eval.py --quick          # the tuning window, one seed (~30 s)
+    python bench/trace_eval.py                  # tuning + 5 held-out windows x 10 seeds
+    python bench/trace_eval.py --window 2017-10-02:3 --window 2017-11-06:3 --seeds 3
 
 Trace: Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN Training
 Workloads", USENIX ATC 2019 (Philly trace, CC BY 4.0). Classes and GPU fractions are synthetic.
@@ -12,6 +13,7 @@ Workloads", USENIX ATC 2019 (Philly trace, CC BY 4.0). Classes and GPU fractions
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -21,7 +23,16 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from controller.sim import trace as tr  # noqa: E402
-from controller.sim.experiment import ALL_POLICIES, Options, run, table_text  # noqa: E402
+from controller.sim.evaluate import COLUMNS, COST_COLUMNS, check_goals, plot, render, table  # noqa: E402  # noqa: E402
+from controller.sim.experiment import (  # noqa: E402
+    ALL_POLICIES,
+    PREEMPTION,
+    Options,
+    default_settings,
+    make_policy,
+    run_all,
+)
+from controller.sim.kueue import COHORT, PLACEMENT, QUOTA, SINGLE_CQ  # noqa: E402
 from controller.sim.packing import POLICIES  # noqa: E402
 
 
@@ -29,29 +40,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", type=Path, default=REPO / tr.DEFAULT_TRACE,
                    help="philly.csv (default: ../shared/traces/philly.csv beside the repo)")
-    p.add_argument("--quick", action="store_true", help="replay only the busiest few days")
-    p.add_argument("--days", type=int, default=3, help="quick window length in days (3)")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "out",
-                   help="report directory (default bench/out/)")
-    p.add_argument("--load", type=float, default=None,
-                   help="target offered load over the measured span, sizes the cluster "
-                   "(default 1.0 for --quick, 0.9 for the whole trace)")
-    p.add_argument("--nodes", type=int, default=None,
-                   help="cluster size in nodes (overrides --load)")
+    p.add_argument("--quick", action="store_true",
+                   help="the tuning window only, one label seed")
+    p.add_argument("--days", type=int, default=3, help="window length in days (3)")
+    p.add_argument("--tuning", default=None, metavar="START:DAYS",
+                   help="the tuning window (default: the busiest DAYS of the busy period)")
+    p.add_argument("--window", action="append", default=[], metavar="START:DAYS",
+                   help="a held-out window, START a UTC date (2017-10-02) or a day offset; "
+                   "repeatable (default: the --held-out busiest windows that do not overlap)")
+    p.add_argument("--held-out", type=int, default=5, help="held-out windows to pick (5)")
+    p.add_argument("--seeds", type=int, default=10, help="label seeds per window (10)")
+    p.add_argument("--seed", type=int, default=1, help="first label seed (1)")
+    p.add_argument("--load", type=float, default=1.0,
+                   help="offered load each window's cluster is sized for (1.0)")
     p.add_argument("--node-gpus", type=int, default=8)
-    p.add_argument("--seed", type=int, default=1, help="seed of the synthetic labels")
     p.add_argument("--urgent", type=float, default=0.02, help="share of urgent jobs")
     p.add_argument("--approved", type=float, default=0.15, help="share of approved jobs")
     p.add_argument("--fractional", type=float, default=0.30,
                    help="share of single-GPU jobs made fractional (0.25 or 0.5 GPU)")
+    p.add_argument("--team-weights", default="",
+                   help="'4,2,1': weights for teams by GPU-time (largest first, last repeated),"
+                   " or 'team=w,...' (default: all 1)")
     p.add_argument("--policies", default=",".join(ALL_POLICIES),
-                   help=f"comma list from {', '.join(ALL_POLICIES)}, wdrf-aging, "
-                   "wdrf-halflife=<hours>, wdrf:KEY=VALUE[:KEY=VALUE...] (WDRF with config keys "
-                   "changed, e.g. wdrf:AGING_COEFFICIENT=0.5:MAX_AGING_TIME=14d)")
+                   help=f"comma list from {', '.join(ALL_POLICIES)}, wdrf-halflife=<hours>, "
+                   "wdrf:KEY=VALUE[:KEY=VALUE...] (WDRF with config keys changed)")
+    p.add_argument("--preemption", choices=sorted(PREEMPTION), default="lower",
+                   help="withinClusterQueue for every policy: never, lower (LowerPriority) or "
+                   "lower-or-newer (LowerOrNewerEqualPriority); reclaimWithinCohort Any in a "
+                   "cohort unless never (default lower)")
+    p.add_argument("--admission", choices=(QUOTA, PLACEMENT), default=QUOTA,
+                   help="quota: Kueue admits on quota, pods wait for the scheduler "
+                   "(waitForPodsReady); placement: only what can be placed now")
+    p.add_argument("--topology", choices=(SINGLE_CQ, COHORT), default=SINGLE_CQ,
+                   help="one ClusterQueue, or one per team in a cohort (the Fair Sharing "
+                   "baseline is always a cohort)")
+    p.add_argument("--checkpoint", type=float, default=30.0,
+                   help="checkpoint interval in minutes: a preempted job loses the work since")
     p.add_argument("--node-policy", choices=POLICIES, default="binpack")
     p.add_argument("--gpu-policy", choices=POLICIES, default="spread")
-    p.add_argument("--exact-ticks", action="store_true",
-                   help="evaluate every controller tick on the full cluster (slow; for checks)")
+    p.add_argument("--jobs", type=int, default=1, help="processes (default 1)")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "out",
+                   help="report directory (default bench/out/)")
     p.add_argument("--no-plots", action="store_true")
     return p.parse_args(argv)
 
@@ -60,36 +89,82 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     opts = Options(
         trace=a.trace.resolve(),
-        quick=a.quick,
         days=a.days,
-        target_load=a.load if a.load is not None else (1.0 if a.quick else 0.9),
-        nodes=a.nodes,
+        tuning=a.tuning,
+        windows=tuple(a.window),
+        held_out=a.held_out,
+        seeds=a.seeds,
+        first_seed=a.seed,
+        quick=a.quick,
+        target_load=a.load,
         node_gpus=a.node_gpus,
-        labels=tr.LabelSpec(seed=a.seed, urgent_share=a.urgent, approved_share=a.approved,
+        labels=tr.LabelSpec(urgent_share=a.urgent, approved_share=a.approved,
                             fractional_share=a.fractional, node_gpus=a.node_gpus),
+        team_weights=a.team_weights,
         policies=tuple(x.strip() for x in a.policies.split(",") if x.strip()),
-        exact_ticks=a.exact_ticks,
-        incremental=not a.exact_ticks,
+        preemption=a.preemption,
+        admission=a.admission,
+        topology=a.topology,
+        checkpoint=a.checkpoint * 60.0,
         node_policy=a.node_policy,
         gpu_policy=a.gpu_policy,
     )
-    t0 = time.perf_counter()
+    settings = default_settings()
+    descriptions = {}
     try:
-        exp = run(opts, out=None if a.no_plots else a.out, progress=lambda s: print(s, flush=True))
+        from datetime import UTC, datetime
+
+        for key in opts.policies:
+            pol, _ = make_policy(key, opts, datetime(2017, 1, 1, tzinfo=UTC), settings, {})
+            descriptions[pol.name] = pol.description
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    first: dict[str, int] = {}
+
+    def keep(w: object, seed: int) -> bool:
+        role = getattr(w, "role", "")
+        want = "tuning" if opts.quick else "held-out"
+        if role != want or seed != opts.first_seed:
+            return False
+        name = str(getattr(w, "name", ""))
+        first.setdefault(role, 0)
+        if first[role] and name not in first:
+            return False
+        first[role] = 1
+        first[name] = 1
+        return True
+
+    try:
+        windows, records, epoch = run_all(opts, jobs=a.jobs, keep=keep,
+                                          progress=lambda s: print(s, flush=True))
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if a.no_plots:
-        a.out.mkdir(parents=True, exist_ok=True)
-        from controller.sim.report import render
-
-        (a.out / "report.md").write_text(
-            render(exp.info, exp.results, exp.metrics, exp.descriptions, [])
-        )
+    seconds = time.perf_counter() - t0
+    a.out.mkdir(parents=True, exist_ok=True)
+    plots = [] if a.no_plots else plot(a.out, records)
+    command = "python bench/trace_eval.py" + (" " + shlex.join(argv) if argv else
+                                               " " + shlex.join(sys.argv[1:]) if sys.argv[1:]
+                                               else "")
+    report = render(opts, windows, records, epoch, settings.loop_interval, descriptions, plots,
+                    seconds, command.strip())
+    (a.out / "report.md").write_text(report)
+    policies = list(dict.fromkeys(r.policy for r in records))
+    role = "tuning" if opts.quick else "held-out"
+    shown = [r for r in records if r.window.role == role]
     print()
-    print(table_text(exp))
+    print("\n".join(table(shown, policies, COLUMNS)))
     print()
-    print(f"report: {a.out / 'report.md'} ({time.perf_counter() - t0:.1f} s in all)")
+    print("\n".join(table(shown, policies, COST_COLUMNS)))
+    if not opts.quick:
+        print()
+        for g in check_goals(shown, settings.loop_interval):
+            mark = {True: "met", False: "NOT met", None: "not checked"}[g.met]
+            print(f"- {g.name}: {mark} — {g.detail}")
+    print()
+    print(f"report: {a.out / 'report.md'} ({seconds:.1f} s in all)")
     print(f"Trace: {tr.CITATION}. Classes and GPU fractions are synthetic.")
     return 0
 

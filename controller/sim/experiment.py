@@ -1,110 +1,204 @@
-"""One evaluation run: prepare the workload, simulate every policy, compute metrics, report."""
+"""One evaluation run: pick windows of the trace, label them with a seed, size the cluster, and
+simulate every policy in the Kueue model (controller/sim/kueue.py) under the same Kueue settings.
+
+A *window* is `DAYS` days of the trace from a UTC date; jobs still running at its start are
+carried in (never measured); the cluster is sized so the window's offered load is `target_load`;
+every job submitted in the window is measured and the simulation runs until the last one ends.
+The *tuning* window is the one the controller's defaults were chosen on (the busiest 3 days of
+the busy period unless named); *held-out* windows are other busy windows, never used for tuning.
+"""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from controller.config import SETTING_FIELDS, Settings, with_overrides
 from controller.sim import trace as tr
-from controller.sim.engine import SimConfig, SimResult, Simulation
-from controller.sim.metrics import PolicyMetrics, compute
+from controller.sim.engine import SimConfig, SimResult
+from controller.sim.kueue import (
+    ANY,
+    COHORT,
+    LOWER_OR_NEWER_EQUAL,
+    LOWER_PRIORITY,
+    NEVER,
+    QUOTA,
+    SINGLE_CQ,
+    KueueConfig,
+    KueueSim,
+)
+from controller.sim.metrics import run_metrics
 from controller.sim.packing import BINPACK, SPREAD
-from controller.sim.policies import AfsModel, DrfIdeal, Fifo, Policy, StaticClasses, Wdrf
-from controller.sim.report import RunInfo, plot_all, render
+from controller.sim.policies import AfsModel, DrfIdeal, Fifo, Policy, StaticClasses
+from controller.sim.wdrf import WdrfKueue
 
-ALL_POLICIES = ("fifo", "static", "afs", "drf", "wdrf", "wdrf-previous")
+ALL_POLICIES = ("fifo", "static", "afs", "fs", "drf", "wdrf", "wdrf-fs")
+BASELINES = ("afs", "fs", "drf")  # the fairness baselines of the goals
+PREEMPTION = {"never": NEVER, "lower": LOWER_PRIORITY, "lower-or-newer": LOWER_OR_NEWER_EQUAL}
+FS_NAME = "Kueue Fair Sharing (cohort)"
+WDRF_FS_NAME = "WDRF + Kueue Fair Sharing (cohort)"
 
-# The defaults before 2026-11 (docs/evaluation.md): classes 1000/100/1 x 250 and a fairness
-# range of 20,000 points, worth only 5.6 h of waiting against the aging term.
-PREVIOUS_DEFAULTS: dict[str, object] = {
-    "priority_weights": {"urgent": 1000, "approved": 100, "normal": 1},
-    "priority_class_unit": 250,
-    "fairness_points": 20000,
-}
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    name: str
+    start: float  # seconds since the trace epoch (a UTC midnight)
+    days: int
+    role: str  # "tuning" | "held-out"
+
+    def label(self, epoch: datetime) -> str:
+        s = epoch + timedelta(seconds=self.start)
+        e = s + timedelta(days=self.days)
+        return f"{s:%Y-%m-%d} → {e:%Y-%m-%d}"
 
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    trace: Path | None = tr.DEFAULT_TRACE  # None: generated trace (tests)
-    quick: bool = False
-    days: int = 3  # quick window length
+    trace: Path | None = tr.DEFAULT_TRACE  # None: a generated trace (tests)
+    days: int = 3
+    tuning: str | None = None  # "YYYY-MM-DD:DAYS"; None: busiest window of the busy period
+    windows: tuple[str, ...] = ()  # held-out "YYYY-MM-DD:DAYS"; empty: the busiest others
+    held_out: int = 5
+    seeds: int = 10
+    first_seed: int = 1
+    quick: bool = False  # the tuning window only, one seed
     target_load: float = 1.0
-    nodes: int | None = None  # override sizing
     node_gpus: int = 8
     labels: tr.LabelSpec = field(default_factory=tr.LabelSpec)
+    team_weights: str = ""  # "4,2,1" (teams by GPU-time, last repeated) or "team=w,..."
     policies: tuple[str, ...] = ALL_POLICIES
-    exact_ticks: bool = False
-    incremental: bool = True
-    check_invariants: bool = False
+    preemption: str = "lower"  # withinClusterQueue for every policy: never|lower|lower-or-newer
+    admission: str = QUOTA
+    topology: str = SINGLE_CQ
+    checkpoint: float = 1800.0
+    pods_ready_timeout: float = 300.0
     node_policy: str = BINPACK
     gpu_policy: str = SPREAD
-    afs_half_life: float = 168 * 3600.0
-    variant_aging: float = 0.5  # AGING_COEFFICIENT of the "wdrf-aging" variant
+    check_invariants: bool = False
     generated_jobs: int = 600  # only when trace is None
     generated_seed: int = 11
 
 
 @dataclass(slots=True)
-class Experiment:
-    info: RunInfo
-    results: list[SimResult]
-    metrics: list[PolicyMetrics]
-    descriptions: dict[str, str]
-    jobs: list[tr.SimJob]
-    period: tr.Period
+class RunRecord:
+    window: Window
+    seed: int
+    policy: str  # display name
+    key: str  # the --policies item
+    metrics: dict[str, float]
+    seconds: float
+    nodes: int
+    load: float
+    result: SimResult | None = None  # kept only when asked (plots)
+    weights: tuple[float, ...] = ()
 
 
-def wdrf_settings() -> Settings:
-    """The controller's defaults, exactly as `Settings()` defines them (no config file, no env)."""
-    return Settings()
+# -- trace and windows ---------------------------------------------------------------------------
+
+_TRACE_CACHE: dict[str, tr.Trace] = {}
 
 
-def make_policies(opts: Options, zero: datetime, settings: Settings) -> list[Policy]:
-    """The policies named in `opts.policies`; `zero` is the wall-clock time of simulated 0."""
-    out: list[Policy] = []
-    for name in opts.policies:
-        if name == "fifo":
-            out.append(Fifo())
-        elif name == "static":
-            out.append(StaticClasses())
-        elif name == "afs":
-            out.append(AfsModel(half_life=opts.afs_half_life))
-        elif name == "drf":
-            out.append(DrfIdeal())
-        elif name == "wdrf":
-            out.append(Wdrf(settings, zero, incremental=opts.incremental))
-        elif name == "wdrf-previous":
-            s = with_overrides(settings, **PREVIOUS_DEFAULTS)
-            out.append(Wdrf(s, zero, name="WDRF, previous defaults", incremental=opts.incremental))
-        elif name == "wdrf-aging":
-            s = with_overrides(settings, aging_coefficient=opts.variant_aging)
-            out.append(Wdrf(s, zero, name=f"WDRF, AGING_COEFFICIENT {opts.variant_aging:g}",
-                            incremental=opts.incremental))
-        elif name.startswith("wdrf:"):
-            s = with_overrides(settings, **parse_variant(name))
-            label = ", ".join(
-                kv.replace("=", " ", 1) for kv in name.split(":")[1:] if kv.strip()
-            )
-            out.append(Wdrf(s, zero, name=f"WDRF, {label}", incremental=opts.incremental))
-        elif name.startswith("wdrf-halflife="):
-            hl = float(name.split("=", 1)[1]) * 3600.0
-            s = with_overrides(settings, usage_half_life=hl)
-            out.append(Wdrf(s, zero, name=f"WDRF, USAGE_HALF_LIFE {hl / 3600:g} h",
-                            incremental=opts.incremental))
+def load_trace(opts: Options) -> tr.Trace:
+    key = str(opts.trace) if opts.trace is not None else f"gen:{opts.generated_seed}"
+    cached = _TRACE_CACHE.get(key)
+    if cached is None:
+        if opts.trace is None:
+            cached = tr.generate_trace(opts.generated_seed, opts.generated_jobs, teams=4,
+                                       span=2 * tr.DAY)
         else:
-            raise ValueError(f"unknown policy {name!r} (expected {', '.join(ALL_POLICIES)}, "
-                             "wdrf-aging, wdrf-halflife=<hours>, or wdrf:KEY=VALUE[:KEY=VALUE...])")
+            cached = tr.load_philly(opts.trace)
+        _TRACE_CACHE[key] = cached
+    return cached
+
+
+def parse_window(text: str, epoch: datetime, role: str) -> Window:
+    """`2017-10-25:3` (UTC date : days) or `D:3` (day offset from the trace's first day)."""
+    start_s, sep, days_s = text.partition(":")
+    if not sep:
+        raise ValueError(f"window {text!r}: expected START:DAYS, e.g. 2017-10-25:3")
+    days = int(days_s)
+    if days < 1:
+        raise ValueError(f"window {text!r}: DAYS must be >= 1")
+    day0 = datetime(epoch.year, epoch.month, epoch.day, tzinfo=UTC)
+    if start_s.isdigit():
+        start = day0 + timedelta(days=int(start_s))
+    else:
+        start = datetime.strptime(start_s, "%Y-%m-%d").replace(tzinfo=UTC)
+    return Window(text, (start - epoch).total_seconds(), days, role)
+
+
+def window_demand(jobs: Sequence[tr.SimJob], start: float, days: int) -> float:
+    end = start + days * tr.DAY
+    return sum(j.need * (min(j.submit + j.duration, end) - j.submit)
+               for j in jobs if start <= j.submit < end)
+
+
+def choose_windows(opts: Options, trace: tr.Trace) -> list[Window]:
+    """The tuning window, then the held-out ones (named, or the busiest day-aligned windows of
+    the busy period that overlap neither the tuning window nor each other)."""
+    labelled = tr.label_jobs(trace.jobs, replace(opts.labels, seed=opts.first_seed))
+    epoch = trace.epoch
+    day0 = datetime(epoch.year, epoch.month, epoch.day, tzinfo=UTC)
+    shift = (day0 - epoch).total_seconds()
+    busy = tr.busy_period(labelled)
+    if opts.tuning:
+        tuning = parse_window(opts.tuning, epoch, "tuning")
+    else:
+        win = tr.busiest_window(labelled, opts.days, busy)
+        tuning = Window(f"busiest {opts.days} days", win.start + shift, opts.days, "tuning")
+    out = [tuning]
+    if opts.quick:
+        return out
+    if opts.windows:
+        return out + [parse_window(w, epoch, "held-out") for w in opts.windows]
+    lo = int(busy.start // tr.DAY)
+    hi = int(busy.end // tr.DAY) - opts.days
+    ranked = sorted(
+        range(lo, hi + 1),
+        key=lambda d: (-window_demand(labelled, d * tr.DAY + shift, opts.days), d),
+    )
+    taken = [(tuning.start, tuning.start + tuning.days * tr.DAY)]
+    for d in ranked:
+        s = d * tr.DAY + shift
+        e = s + opts.days * tr.DAY
+        if any(s < te and ts < e for ts, te in taken):
+            continue
+        taken.append((s, e))
+        out.append(Window(f"held-out {len(out)}", s, opts.days, "held-out"))
+        if len(out) > opts.held_out:
+            break
     return out
 
 
+def team_weights(spec: str, jobs: Sequence[tr.SimJob]) -> dict[str, float]:
+    """`4,2,1`: weights for the teams in order of trace GPU-time (largest first), the last one
+    repeated; `a=4,b=2`: explicit (others 1). Empty: every team 1."""
+    spec = spec.strip()
+    if not spec:
+        return {}
+    if "=" in spec:
+        out: dict[str, float] = {}
+        for item in spec.split(","):
+            k, _, v = item.partition("=")
+            out[k.strip()] = float(v)
+        return out
+    values = [float(x) for x in spec.replace("/", ",").split(",") if x.strip()]
+    use: dict[str, float] = {}
+    for j in jobs:
+        use[j.team] = use.get(j.team, 0.0) + j.need * j.duration
+    order = sorted(use, key=lambda t: (-use[t], t))
+    return {t: values[min(i, len(values) - 1)] for i, t in enumerate(order)}
+
+
+# -- policies ------------------------------------------------------------------------------------
+
 def parse_variant(name: str) -> dict[str, object]:
-    """`wdrf:AGING_COEFFICIENT=0.25:FAIRNESS_POINTS=100000` -> Settings field changes, each value
-    parsed exactly as config.yaml's would be (durations like 14d accepted)."""
+    """`wdrf:FAIRNESS_POINTS=50000:USAGE_HALF_LIFE=7d` -> Settings field changes, each value
+    parsed exactly as config.yaml's would be."""
     changes: dict[str, object] = {}
     for item in name.split(":")[1:]:
         if not item.strip():
@@ -119,133 +213,151 @@ def parse_variant(name: str) -> dict[str, object]:
     return changes
 
 
+def kueue_config(opts: Options, weights: Mapping[str, float]) -> KueueConfig:
+    within = PREEMPTION[opts.preemption]
+    return KueueConfig(
+        topology=opts.topology,
+        admission=opts.admission,
+        within_cluster_queue=within,
+        reclaim_within_cohort=ANY if within != NEVER and opts.topology == COHORT else NEVER,
+        checkpoint_interval=opts.checkpoint,
+        pods_ready_timeout=opts.pods_ready_timeout,
+        team_weights=dict(weights),
+    )
+
+
+def make_policy(key: str, opts: Options, zero: datetime, settings: Settings,
+                weights: Mapping[str, float]) -> tuple[Policy, KueueConfig]:
+    """A policy and the Kueue settings it runs under (the same for every policy but the
+    Fair Sharing baseline, which is a cohort of per-team ClusterQueues by definition)."""
+    k = kueue_config(opts, weights)
+    if key == "fifo":
+        return Fifo(), k
+    if key == "static":
+        return StaticClasses(), k
+    if key == "afs":
+        return AfsModel(), k
+    if key == "drf":
+        return DrfIdeal(), k
+    if key == "fs":
+        fs = replace(k, topology=COHORT, fair_sharing=True,
+                     reclaim_within_cohort=ANY if k.within_cluster_queue != NEVER else NEVER)
+        return StaticClasses(
+            FS_NAME,
+            "per-team ClusterQueues in one cohort, nominal quota by team weight, Kueue Fair "
+            "Sharing (weights = team weights, preemptionStrategies LessThanOrEqualToFinalShare, "
+            "LessThanInitialShare); classes as fixed priorities 1000/100/1",
+        ), fs
+    base = with_overrides(settings, team_weights=dict(weights)) if weights else settings
+    if key == "wdrf":
+        return WdrfKueue(base, zero), k
+    if key == "wdrf-fs":
+        fs = replace(k, topology=COHORT, fair_sharing=True,
+                     reclaim_within_cohort=ANY if k.within_cluster_queue != NEVER else NEVER)
+        return WdrfKueue(base, zero, name=WDRF_FS_NAME), fs
+    if key.startswith("wdrf:"):
+        s = with_overrides(base, **parse_variant(key))
+        label = ", ".join(kv.replace("=", " ", 1) for kv in key.split(":")[1:] if kv.strip())
+        return WdrfKueue(s, zero, name=f"WDRF, {label}"), k
+    if key.startswith("wdrf-halflife="):
+        hl = float(key.split("=", 1)[1]) * 3600.0
+        s = with_overrides(base, usage_half_life=hl)
+        return WdrfKueue(s, zero, name=f"WDRF, USAGE_HALF_LIFE {hl / 3600:g} h"), k
+    raise ValueError(f"unknown policy {key!r} (expected {', '.join(ALL_POLICIES)}, "
+                     "wdrf-halflife=<hours>, or wdrf:KEY=VALUE[:KEY=VALUE...])")
+
+
+# -- running -------------------------------------------------------------------------------------
+
 @dataclass(frozen=True, slots=True)
 class Prepared:
     jobs: list[tr.SimJob]
-    measured: tr.Period  # span whose submissions are measured (simulated seconds)
+    measured: tr.Period
     nodes: int
-    zero: datetime  # wall-clock time of simulated time 0
-    window: str  # what is replayed, in words
-    period: str  # what is measured, in words
-    source: str
+    zero: datetime
+    load: float
+    weights: dict[str, float]
 
 
-def prepare(opts: Options) -> Prepared:
-    if opts.trace is None:
-        trace = tr.generate_trace(opts.generated_seed, opts.generated_jobs, teams=4,
-                                  span=tr.DAY)
-    else:
-        trace = tr.load_philly(opts.trace)
-    labelled = tr.label_jobs(trace.jobs, opts.labels)
-    if opts.quick and opts.trace is not None:
-        busy = tr.busy_period(labelled)
-        win = tr.busiest_window(labelled, opts.days, busy)
-        jobs = tr.window(labelled, win.start, win.end)
-        measured = tr.Period(0.0, win.length)
-        window = (
-            f"{opts.days}-day quick window {tr.fmt_time(trace.epoch, win.start)} → "
-            f"{tr.fmt_time(trace.epoch, win.end)} UTC (the busiest {opts.days} days of the busy "
-            "period), run until the last job ends"
-        )
-        period = "jobs submitted in the quick window"
-        zero = trace.epoch + timedelta(seconds=win.start)
-    else:
-        jobs = labelled
-        if opts.trace is not None:
-            measured = tr.busy_period(labelled)
-            period = (
-                f"the busy period {tr.fmt_time(trace.epoch, measured.start)} → "
-                f"{tr.fmt_time(trace.epoch, measured.end)} UTC "
-                f"({measured.length / tr.DAY:.0f} days; longest run of days whose 7-day mean "
-                "no-wait demand is at least the trace mean)"
-            )
-        else:
-            measured = tr.Period(0.0, tr.DAY)
-            period = "the generated day"
-        window = (
-            f"the whole trace from {tr.fmt_time(trace.epoch, 0.0)} UTC until the last job ends"
-        )
-        zero = trace.epoch
-    nodes = opts.nodes or tr.size_cluster(jobs, measured, opts.node_gpus, opts.target_load)
+def prepare(opts: Options, window: Window, seed: int) -> Prepared:
+    trace = load_trace(opts)
+    labelled = tr.label_jobs(trace.jobs, replace(opts.labels, seed=seed,
+                                                 node_gpus=opts.node_gpus))
+    end = window.start + window.days * tr.DAY
+    jobs = tr.window(labelled, window.start, end)
+    measured = tr.Period(0.0, window.days * tr.DAY)
+    nodes = tr.size_cluster(jobs, measured, opts.node_gpus, opts.target_load)
     biggest = max((j.need for j in jobs), default=tr.PCT)
     nodes = max(nodes, math.ceil(biggest / tr.PCT / opts.node_gpus))
-    return Prepared(jobs, measured, nodes, zero, window, period, trace.source)
-
-
-def run(opts: Options, out: Path | None = None,
-        progress: Callable[[str], None] | None = None) -> Experiment:
-    prep = prepare(opts)
-    jobs, measured, nodes = prep.jobs, prep.measured, prep.nodes
-    settings = wdrf_settings()
-    cfg = SimConfig(
-        nodes=nodes,
-        node_gpus=opts.node_gpus,
-        loop_interval=settings.loop_interval,
-        node_policy=opts.node_policy,
-        gpu_policy=opts.gpu_policy,
-        exact_ticks=opts.exact_ticks,
-        check_invariants=opts.check_invariants,
-    )
     load = tr.offered_load(jobs, nodes * opts.node_gpus, measured.start, measured.end)
-    if progress:
-        progress(
-            f"{len(jobs):,} jobs; {prep.window}; cluster {nodes} x {opts.node_gpus} GPUs; "
-            f"offered load over the measured span {load:.3f}"
-        )
-    results: list[SimResult] = []
-    metrics: list[PolicyMetrics] = []
-    seconds: dict[str, float] = {}
-    descriptions: dict[str, str] = {}
-    for policy in make_policies(opts, prep.zero, settings):
+    zero = trace.epoch + timedelta(seconds=window.start)
+    weights = team_weights(opts.team_weights, labelled)
+    return Prepared(jobs, measured, nodes, zero, load, weights)
+
+
+def default_settings() -> Settings:
+    """The controller's defaults, exactly as `Settings()` defines them (no file, no env)."""
+    return Settings()
+
+
+def run_window(opts: Options, window: Window, seed: int, keep_results: bool = False,
+               progress: Callable[[str], None] | None = None) -> list[RunRecord]:
+    prep = prepare(opts, window, seed)
+    settings = default_settings()
+    cfg = SimConfig(nodes=prep.nodes, node_gpus=opts.node_gpus,
+                    loop_interval=settings.loop_interval, node_policy=opts.node_policy,
+                    gpu_policy=opts.gpu_policy, check_invariants=opts.check_invariants)
+    out: list[RunRecord] = []
+    for key in opts.policies:
+        policy, k = make_policy(key, opts, prep.zero, settings, prep.weights)
         t0 = time.perf_counter()
-        result = Simulation(jobs, cfg, policy).run()
-        seconds[policy.name] = time.perf_counter() - t0
-        m = compute(result, measured)
-        results.append(result)
-        metrics.append(m)
-        descriptions[policy.name] = policy.description
+        result = KueueSim(prep.jobs, cfg, k, policy).run()
+        secs = time.perf_counter() - t0
+        teams = result.teams
+        w = tuple(prep.weights.get(t, 1.0) for t in teams)
+        metrics = run_metrics(result, prep.measured, w, settings.loop_interval)
+        out.append(RunRecord(window, seed, policy.name, key, metrics, secs, prep.nodes,
+                             prep.load, result if keep_results else None, w))
         if progress:
-            progress(f"  {policy.name}: {seconds[policy.name]:.1f} s")
-    ls = opts.labels
-    info = RunInfo(
-        title="WDRF trace evaluation" + (" (quick window)" if opts.quick else " (full trace)"),
-        trace=prep.source,
-        window=prep.window,
-        period=prep.period,
-        jobs=len(jobs),
-        carried=sum(1 for j in jobs if j.carried),
-        nodes=nodes,
-        node_gpus=opts.node_gpus,
-        load=load,
-        loop_interval=settings.loop_interval,
-        aging_cap=settings.max_aging_time,
-        overtake_window=settings.overtake_window(),
-        bound=settings.starvation_bound(lambda sec: f"{math.ceil(sec / 360) / 10:.1f} h"),
-        labels=(
-            f"Synthetic labels (seed {ls.seed}): {100 * ls.urgent_share:g} % urgent, "
-            f"{100 * ls.approved_share:g} % approved, the rest normal; "
-            f"{100 * ls.fractional_share:g} % of single-GPU jobs turned into HAMi fractions of "
-            + " or ".join(f"{f} %" for f in ls.fractions)
-            + " of a GPU (same duration). The trace has no classes or fractions."
-        ),
-        packing=(
-            f"HAMi node policy {opts.node_policy}, GPU policy {opts.gpu_policy} (HAMi's "
-            "defaults) unless the WDRF plan decides otherwise (its default rule: binpack/binpack "
-            "for fractional work); a job is admitted only when its quota fits and every pod "
-            "finds GPUs (Kueue with topology-aware admission)"
-        ),
-        seconds=seconds,
-    )
-    plots: list[str] = []
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        plots = plot_all(out, results, metrics, info)
-        (out / "report.md").write_text(render(info, results, metrics, descriptions, plots))
-    return Experiment(info, results, metrics, descriptions, jobs, measured)
+            progress(f"  {window.name} seed {seed}: {policy.name} {secs:.1f} s")
+    return out
 
 
-def table_text(exp: Experiment) -> str:
-    from controller.sim.report import main_table
+def _task(args: tuple[Options, Window, int, bool]) -> list[RunRecord]:
+    opts, window, seed, keep = args
+    return run_window(opts, window, seed, keep)
 
-    return "\n".join(main_table(exp.metrics))
 
+def run_all(opts: Options, jobs: int = 1, progress: Callable[[str], None] | None = None,
+            keep: Callable[[Window, int], bool] | None = None
+            ) -> tuple[list[Window], list[RunRecord], datetime]:
+    """Every (window, seed), in `jobs` processes; results kept where `keep` says (plots)."""
+    trace = load_trace(opts)
+    windows = choose_windows(opts, trace)
+    seeds = [opts.first_seed] if opts.quick else list(
+        range(opts.first_seed, opts.first_seed + opts.seeds))
+    tasks = [(opts, w, s, bool(keep and keep(w, s))) for w in windows for s in seeds]
+    records: list[RunRecord] = []
+    if jobs <= 1:
+        for t in tasks:
+            recs = _task(t)
+            records += recs
+            if progress:
+                progress(_progress_line(recs))
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            for recs in ex.map(_task, tasks):
+                records += recs
+                if progress:
+                    progress(_progress_line(recs))
+    return windows, records, trace.epoch
+
+
+def _progress_line(recs: Sequence[RunRecord]) -> str:
+    if not recs:
+        return ""
+    r = recs[0]
+    parts = ", ".join(f"{x.policy} {x.seconds:.1f} s" for x in recs)
+    return f"{r.window.name} seed {r.seed} ({r.nodes} nodes, load {r.load:.2f}): {parts}"

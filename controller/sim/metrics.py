@@ -200,3 +200,157 @@ def compute(
         extra=result.extra,
     )
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalar metrics of one run in the Kueue model (controller/sim/kueue.py), for the multi-window
+# evaluation (controller/sim/evaluate.py). Every value is a float; NaN when not measurable.
+
+SLOWDOWN_BOUND = 600.0  # bounded slowdown: run times under 10 min count as 10 min
+SIZE_BUCKETS: tuple[tuple[str, int, float], ...] = (
+    ("1gpu", 0, 100), ("2-8gpu", 101, 800), (">8gpu", 801, math.inf),
+)
+
+
+def team_ratios(
+    result: SimResult, period: Period, weights: Sequence[float]
+) -> tuple[list[float], list[float], list[tuple[float, ...]]]:
+    """Per team: long-run allocation / entitlement over the busy hours in which it had demand
+    (NaN if never), the weighted share error per busy hour, and per hour (whole run) each
+    team's allocation / entitlement (NaN without demand or outside busy hours).
+
+    Entitlement = the team's weighted max-min fair share of the whole capacity given every
+    team's demand (allocated + pending, demand-capped water-filling): what a perfectly weighted
+    fair scheduler would give it in that hour."""
+    series = result.series
+    cap = result.config.capacity
+    b = series.bin
+    n = len(result.teams)
+    got = [0.0] * n
+    due = [0.0] * n
+    errors: list[float] = []
+    per_hour: list[tuple[float, ...]] = []
+    w0 = int(period.start // b)
+    w1 = min(math.ceil(period.end / b), len(series.total))
+    for w in range(len(series.total)):
+        alloc = [x / b for x in series.alloc[w]]
+        dem = [alloc[i] + series.pending[w][i] / b for i in range(n)]
+        busy = sum(dem) >= cap * (1 - 1e-9)
+        if not busy or not (w0 <= w < w1):
+            per_hour.append(tuple(math.nan for _ in range(n)))
+            continue
+        fair = water_fill(float(cap), dem, weights)
+        row = []
+        for i in range(n):
+            if dem[i] > 1e-9 and fair[i] > 1e-9:
+                got[i] += alloc[i]
+                due[i] += fair[i]
+                row.append(alloc[i] / fair[i])
+            else:
+                row.append(math.nan)
+        per_hour.append(tuple(row))
+        tot = sum(fair)
+        if tot > 0:
+            errors.append(sum(abs(alloc[i] - fair[i]) for i in range(n)) / (2 * tot))
+    ratios = [got[i] / due[i] if due[i] > 0 else math.nan for i in range(n)]
+    return ratios, errors, per_hour
+
+
+def run_metrics(
+    result: SimResult, period: Period, weights: Sequence[float], loop_interval: float
+) -> dict[str, float]:
+    """The evaluation's scalar metrics for one policy on one window and label seed."""
+    from controller.sim.trace import PCT
+
+    jobs = [j for j in result.jobs if not j.carried and period.start <= j.submit < period.end]
+    out: dict[str, float] = {}
+    waits: dict[PriorityClass, list[float]] = {c: [] for c in PriorityClass}
+    buckets: dict[str, list[float]] = {name: [] for name, _, _ in SIZE_BUCKETS}
+    slow: list[float] = []
+    never = 0
+    for j in jobs:
+        a = result.admit[j.job_id]
+        if math.isnan(a):
+            never += 1
+            continue
+        wait = a - j.submit
+        waits[j.cls].append(wait)
+        if j.cls is PriorityClass.NORMAL:
+            for name, lo, hi in SIZE_BUCKETS:
+                if lo <= j.need <= hi:
+                    buckets[name].append(wait)
+        e = result.end[j.job_id]
+        if not math.isnan(e):
+            slow.append(max(1.0, (e - j.submit) / max(j.duration, SLOWDOWN_BOUND)))
+    for c in PriorityClass:
+        q = quantiles(waits[c])
+        out[f"{c.value}_p50"] = q.p50
+        out[f"{c.value}_p99"] = q.p99
+        out[f"{c.value}_max"] = q.max
+        out[f"{c.value}_mean"] = q.mean
+    for name, v in buckets.items():
+        q = quantiles(v)
+        out[f"normal_{name}_p99"] = q.p99
+        out[f"normal_{name}_max"] = q.max
+    sq = quantiles(slow)
+    out["slowdown_mean"] = sq.mean
+    out["slowdown_p99"] = sq.p99
+    out["never_admitted"] = float(never)
+    # Fairness.
+    m = compute(result, period, dict(zip(result.teams, weights, strict=True)))
+    out["jain"] = m.jain_busy_mean
+    out["utilisation"] = m.utilisation
+    out["busy_hours"] = float(m.busy_windows)
+    ratios, errors, _ = team_ratios(result, period, weights)
+    valid = [r for r in ratios if not math.isnan(r)]
+    out["worst_team_ratio"] = min(valid) if valid else math.nan
+    out["max_ratio_error"] = max(abs(r - 1) for r in valid) if valid else math.nan
+    out["share_error"] = sum(errors) / len(errors) if errors else math.nan
+    out["themis_max"] = themis_max(result, jobs, weights)
+    # Cost and disruption.
+    hours = period.length / HOUR
+    per_job = [result.job_writes[j.job_id] for j in jobs] if result.job_writes else []
+    wq = quantiles(float(x) for x in per_job)
+    out["writes_per_job_mean"] = wq.mean if per_job else 0.0
+    out["writes_per_job_p99"] = wq.p99 if per_job else 0.0
+    out["writes_per_hour"] = (
+        sum(1 for t in result.write_times if period.start <= t < period.end) / hours
+    )
+    pre = [e for e in result.evictions if e.reason == "Preempted"
+           and period.start <= e.time < period.end]
+    out["preemptions_per_hour"] = len(pre) / hours
+    timeouts = [e for e in result.evictions if e.reason != "Preempted"
+                and period.start <= e.time < period.end]
+    out["timeouts_per_hour"] = len(timeouts) / hours
+    gpus = result.config.capacity / PCT
+    lost_h = sum(e.lost for e in pre) / PCT / HOUR
+    out["gpu_hours_lost"] = lost_h
+    out["lost_share"] = lost_h / (gpus * hours)
+    out["jct_mean_h"] = quantiles(
+        result.end[j.job_id] - j.submit for j in jobs if not math.isnan(result.end[j.job_id])
+    ).mean / HOUR
+    out["makespan_h"] = result.makespan / HOUR
+    del loop_interval
+    return out
+
+
+def themis_max(result: SimResult, jobs: Sequence[object], weights: Sequence[float]) -> float:
+    """Themis finish-time fairness, worst team: the mean over a team's jobs of
+    rho = JCT / T_isolated, where T_isolated is the job's run time on the team's weighted
+    share of the cluster alone (time-sliced when the job needs more than that share)."""
+    from controller.sim.trace import SimJob
+
+    cap = result.config.capacity
+    idx = {t: i for i, t in enumerate(result.teams)}
+    wsum = sum(weights)
+    per_team: dict[str, list[float]] = {}
+    for j in jobs:
+        assert isinstance(j, SimJob)
+        e = result.end[j.job_id]
+        if math.isnan(e):
+            continue
+        share = cap * weights[idx[j.team]] / wsum
+        iso = j.duration * max(1.0, j.need / share)
+        per_team.setdefault(j.team, []).append((e - j.submit) / iso)
+    means = [sum(v) / len(v) for v in per_team.values() if v]
+    return max(means) if means else math.nan

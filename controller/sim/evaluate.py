@@ -1,0 +1,369 @@
+"""The multi-window evaluation: means with bootstrap 95 % confidence intervals over (window,
+label seed) runs, the goals of the decision-quality issue checked on the held-out windows, a
+Markdown report and plots.
+
+Confidence intervals: percentile bootstrap over the runs (each run = one window x one label
+seed, all policies on the same run), 2,000 resamples, fixed RNG seed. A comparison between two
+policies resamples the *paired* per-run differences, so window-to-window variation that moves
+every policy alike does not widen it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from controller.sim.experiment import FS_NAME, Options, RunRecord, Window
+from controller.sim.metrics import quantile
+from controller.sim.trace import CITATION, HOUR
+
+RESAMPLES = 2000
+WDRF = "WDRF"
+FIFO = "FIFO"
+BASELINE_NAMES = ("Kueue AFS (model)", FS_NAME, "DRF (ideal)")
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    mean: float
+    lo: float
+    hi: float
+    n: int
+
+    def fmt(self, f: Callable[[float], str]) -> str:
+        if math.isnan(self.mean):
+            return "-"
+        return f"{f(self.mean)} [{f(self.lo)}, {f(self.hi)}]"
+
+
+def bootstrap(values: Sequence[float], seed: int = 7) -> Estimate:
+    v = [x for x in values if not math.isnan(x)]
+    if not v:
+        return Estimate(math.nan, math.nan, math.nan, 0)
+    mean = sum(v) / len(v)
+    if len(v) == 1:
+        return Estimate(mean, mean, mean, 1)
+    rng = random.Random(seed)
+    n = len(v)
+    means = sorted(sum(v[rng.randrange(n)] for _ in range(n)) / n for _ in range(RESAMPLES))
+    return Estimate(mean, quantile(means, 0.025), quantile(means, 0.975), n)
+
+
+def by_run(records: Sequence[RunRecord], policy: str, metric: str) -> dict[tuple[str, int], float]:
+    return {(r.window.name, r.seed): r.metrics[metric] for r in records if r.policy == policy}
+
+
+def estimate(records: Sequence[RunRecord], policy: str, metric: str) -> Estimate:
+    return bootstrap(list(by_run(records, policy, metric).values()))
+
+
+def paired(records: Sequence[RunRecord], a: str, b: str, metric: str) -> Estimate:
+    """a - b, per run, bootstrapped."""
+    va, vb = by_run(records, a, metric), by_run(records, b, metric)
+    return bootstrap([va[k] - vb[k] for k in va if k in vb
+                      and not math.isnan(va[k]) and not math.isnan(vb[k])])
+
+
+# -- goals ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    name: str
+    met: bool | None  # None: cannot be checked (a policy missing)
+    detail: str
+
+
+def _h(x: float) -> str:
+    return f"{x / HOUR:.2f} h"
+
+
+def _m(x: float) -> str:
+    return f"{x / 60:.1f} min"
+
+
+def _f3(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f} %"
+
+
+def check_goals(records: Sequence[RunRecord], loop_interval: float,
+                wdrf: str = WDRF) -> list[Goal]:
+    """The issue's goals for the WDRF row `wdrf`, on the records given (the held-out runs);
+    baselines are every policy whose name does not start with WDRF."""
+    policies = {r.policy for r in records}
+    out: list[Goal] = []
+    if wdrf not in policies:
+        return [Goal(f"{wdrf} was not run", None, "")]
+    baselines = [b for b in BASELINE_NAMES if b in policies]
+    # 1. fairness: Jain and worst-team ratio better than every baseline or within CI of it.
+    for metric, label in (("jain", "Jain's index (busy hours)"),
+                          ("worst_team_ratio", "worst team's allocation / entitlement")):
+        w = estimate(records, wdrf, metric)
+        parts, ok = [], True
+        for b in baselines:
+            d = paired(records, wdrf, b, metric)
+            good = d.hi >= 0  # better, or the difference's CI reaches 0
+            ok = ok and good
+            parts.append(f"{b} {estimate(records, b, metric).fmt(_f3)} "
+                         f"(difference {d.fmt(_f3)}{'' if good else ': worse'})")
+        out.append(Goal(f"fairness: WDRF's {label} ≥ every baseline's, or within CI",
+                        ok if baselines else None,
+                        f"{wdrf} {w.fmt(_f3)}; " + "; ".join(parts)))
+    err = estimate(records, wdrf, "max_ratio_error")
+    out.append(Goal(
+        "weights honoured: every team's long-run allocation / entitlement within 10 % of 1",
+        err.mean <= 0.10,
+        f"{wdrf}: largest |ratio - 1| over teams {err.fmt(_f3)} (mean over runs)"))
+    # 2. urgent p99 <= best baseline + one LOOP_INTERVAL
+    others = sorted(p for p in policies if not p.startswith("WDRF"))
+    if others:
+        best = min(others, key=lambda p: estimate(records, p, "urgent_p99").mean)
+        w = estimate(records, wdrf, "urgent_p99")
+        be = estimate(records, best, "urgent_p99")
+        out.append(Goal(
+            f"urgent: p99 time to start ≤ best baseline's + LOOP_INTERVAL ({loop_interval:g} s)",
+            w.mean <= be.mean + loop_interval,
+            f"{wdrf} {w.fmt(_m)}; best {best} {be.fmt(_m)}; "
+            f"difference {paired(records, wdrf, best, 'urgent_p99').fmt(_m)}"))
+    # 3. starvation vs FIFO
+    if FIFO in policies:
+        parts, ok = [], True
+        for bucket in ("1gpu", "2-8gpu", ">8gpu"):
+            metric = f"normal_{bucket}_max"
+            w, f = estimate(records, wdrf, metric), estimate(records, FIFO, metric)
+            good = w.mean <= f.mean
+            ok = ok and good
+            parts.append(f"{bucket}: {wdrf} {w.fmt(_h)} vs FIFO {f.fmt(_h)}")
+        out.append(Goal("starvation: normal max wait per size bucket ≤ FIFO's", ok,
+                        "; ".join(parts)))
+        w, f = estimate(records, wdrf, "normal_1gpu_p99"), estimate(records, FIFO,
+                                                                      "normal_1gpu_p99")
+        out.append(Goal("starvation: 1-GPU normal p99 below FIFO's", w.mean < f.mean,
+                        f"{wdrf} {w.fmt(_h)} vs FIFO {f.fmt(_h)}; difference "
+                        f"{paired(records, wdrf, FIFO, 'normal_1gpu_p99').fmt(_h)}"))
+        w, f = estimate(records, wdrf, "utilisation"), estimate(records, FIFO, "utilisation")
+        out.append(Goal("utilisation within 2 % of FIFO's", abs(w.mean - f.mean) <= 0.02 * f.mean,
+                        f"{wdrf} {w.fmt(_pct)} vs FIFO {f.fmt(_pct)}"))
+    lost = estimate(records, wdrf, "lost_share")
+    out.append(Goal("GPU-hours lost to preemption ≤ 2 % of capacity", lost.mean <= 0.02,
+                    f"{wdrf} {lost.fmt(_pct)} of capacity "
+                    f"({estimate(records, wdrf, 'gpu_hours_lost').fmt(lambda x: f'{x:,.0f}')}"
+                    " GPU-h per window)"))
+    wpj = estimate(records, wdrf, "writes_per_job_mean")
+    p99 = estimate(records, wdrf, "writes_per_job_p99")
+    out.append(Goal("cost: priority writes per job ≤ 3 (mean)", wpj.mean <= 3.0,
+                    f"{wdrf}: mean {wpj.fmt(lambda x: f'{x:.2f}')}, p99 "
+                    f"{p99.fmt(lambda x: f'{x:.1f}')}"))
+    return out
+
+
+# -- report --------------------------------------------------------------------------------------
+
+COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("jain", "Jain (busy h)", _f3),
+    ("worst_team_ratio", "worst team alloc/entitl.", _f3),
+    ("share_error", "weighted share error", _f3),
+    ("themis_max", "Themis rho, worst team", lambda x: f"{x:.1f}"),
+    ("urgent_p99", "urgent p99", _m),
+    ("approved_p99", "approved p99", _m),
+    ("normal_p99", "normal p99", _h),
+    ("slowdown_mean", "bounded slowdown mean", lambda x: f"{x:.1f}"),
+    ("utilisation", "GPU util.", _pct),
+)
+COST_COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("preemptions_per_hour", "preemptions / h", lambda x: f"{x:.2f}"),
+    ("gpu_hours_lost", "GPU-h lost / window", lambda x: f"{x:,.0f}"),
+    ("lost_share", "lost / capacity", _pct),
+    ("timeouts_per_hour", "PodsReady timeouts / h", lambda x: f"{x:.2f}"),
+    ("writes_per_job_mean", "writes / job mean", lambda x: f"{x:.2f}"),
+    ("writes_per_job_p99", "writes / job p99", lambda x: f"{x:.1f}"),
+    ("writes_per_hour", "writes / h", lambda x: f"{x:,.0f}"),
+)
+SIZE_COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("normal_1gpu_p99", "≤ 1 GPU p99", _h), ("normal_1gpu_max", "≤ 1 GPU max", _h),
+    ("normal_2-8gpu_p99", "2-8 GPUs p99", _h), ("normal_2-8gpu_max", "2-8 GPUs max", _h),
+    ("normal_>8gpu_p99", "> 8 GPUs p99", _h), ("normal_>8gpu_max", "> 8 GPUs max", _h),
+)
+
+
+def table(records: Sequence[RunRecord], policies: Sequence[str],
+          columns: Sequence[tuple[str, str, Callable[[float], str]]]) -> list[str]:
+    rows = ["| policy | " + " | ".join(c[1] for c in columns) + " |",
+            "|" + "---|" * (len(columns) + 1)]
+    for p in policies:
+        cells = [estimate(records, p, key).fmt(f) for key, _, f in columns]
+        rows.append(f"| {p} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def render(opts: Options, windows: Sequence[Window], records: Sequence[RunRecord],
+           epoch: datetime, loop_interval: float, descriptions: dict[str, str],
+           plots: Sequence[str], seconds: float, command: str) -> str:
+    policies = list(dict.fromkeys(r.policy for r in records))
+    tuning = [r for r in records if r.window.role == "tuning"]
+    held = [r for r in records if r.window.role == "held-out"]
+    seeds = sorted({r.seed for r in records})
+    lines = [
+        "# WDRF decision quality: Kueue model, held-out windows, 95 % confidence intervals",
+        "",
+        f"Generated by `{command}` in {seconds / 60:.1f} min. Trace: {CITATION}. Priority "
+        "classes, approvals, GPU fractions (and team weights when set) are synthetic, drawn "
+        "from seeded generators.",
+        "",
+        "## Setup",
+        "",
+        f"- Windows ({opts.days if not opts.windows else 'named'} days each; jobs running at "
+        "the start carried in, never measured; the run continues until the last job ends):",
+    ]
+    for w in windows:
+        rs = [r for r in records if r.window == w]
+        nodes = sorted({r.nodes for r in rs})
+        loads = [r.load for r in rs]
+        lines.append(
+            f"  - {w.role}: {w.label(epoch)} UTC ({w.name}); {min(nodes)}-{max(nodes)} nodes x "
+            f"{opts.node_gpus} GPUs, offered load {min(loads):.2f}-{max(loads):.2f}"
+            if rs else f"  - {w.role}: {w.label(epoch)} (not run)")
+    lines += [
+        f"- Label seeds: {', '.join(map(str, seeds))} ({100 * opts.labels.urgent_share:g} % "
+        f"urgent, {100 * opts.labels.approved_share:g} % approved, "
+        f"{100 * opts.labels.fractional_share:g} % of 1-GPU jobs fractional).",
+        f"- Kueue: topology `{opts.topology}`, admission `{opts.admission}`, "
+        f"withinClusterQueue `{opts.preemption}` for every policy"
+        + (", reclaimWithinCohort Any" if opts.topology == "cohort" else "")
+        + f"; waitForPodsReady timeout {opts.pods_ready_timeout:g} s, backoff 60 s x 2^(n-1) "
+        f"up to 1 h; checkpoint every {opts.checkpoint / 60:g} min; HAMi {opts.node_policy}/"
+        f"{opts.gpu_policy} for every policy.",
+        f"- Team weights: {opts.team_weights or 'all 1'}.",
+        "",
+        "Policies:",
+    ]
+    lines += [f"- *{p}*: {descriptions.get(p, '')}" for p in policies]
+    for title, rs in (("Held-out windows", held), ("Tuning window", tuning)):
+        if not rs:
+            continue
+        n = len({(r.window.name, r.seed) for r in rs})
+        lines += ["", f"## {title} ({n} runs: mean [95 % CI])", "",
+                  "Fairness, waits and utilisation (waits = submission → pods running):", ""]
+        lines += table(rs, policies, COLUMNS)
+        lines += ["", "Normal-class waits by job size:", ""]
+        lines += table(rs, policies, SIZE_COLUMNS)
+        lines += ["", "Disruption and API cost:", ""]
+        lines += table(rs, policies, COST_COLUMNS)
+    for wdrf in [p for p in policies if p.startswith("WDRF")] if held else []:
+        lines += ["", f"## Goals for {wdrf} (held-out windows)", ""]
+        for g in check_goals(held, loop_interval, wdrf):
+            mark = {True: "**met**", False: "**NOT met**", None: "not checked"}[g.met]
+            lines.append(f"- {g.name}: {mark} - {g.detail}")
+    if plots:
+        lines += ["", "## Plots (first held-out window, first seed)", ""]
+        lines += [f"![{p}]({p})" for p in plots]
+    lines += ["", "Run times (s, mean per window):", ""]
+    for p in policies:
+        secs = [r.seconds for r in records if r.policy == p]
+        lines.append(f"- {p}: {sum(secs) / len(secs):.1f}")
+    return "\n".join(lines) + "\n"
+
+
+# -- plots ---------------------------------------------------------------------------------------
+
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def plot(out: Path, records: Sequence[RunRecord]) -> list[str]:
+    """CCDF of waits (log y), allocation / entitlement over time, preemptions over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from controller.sim.metrics import team_ratios
+
+    rs = [r for r in records if r.result is not None]
+    if not rs:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    credit = "Trace: Philly, Jeon et al., USENIX ATC 2019 (CC BY 4.0); labels synthetic"
+    names: list[str] = []
+    # 1. CCDF of waits, all measured jobs, log y.
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for k, r in enumerate(rs):
+        res = r.result
+        assert res is not None
+        span = r.window.days * 86400.0
+        w = sorted(max(res.admit[j.job_id] - j.submit, 0.0) / 3600.0 for j in res.jobs
+                   if not j.carried and j.submit < span and not math.isnan(res.admit[j.job_id]))
+        if not w:
+            continue
+        n = len(w)
+        ax.step(w, [1 - i / n for i in range(n)], where="post", label=r.policy,
+                color=PALETTE[k % 10], linewidth=1.3)
+    ax.set_yscale("log")
+    ax.set_xlabel("wait, submission → pods running (hours)")
+    ax.set_ylabel("fraction of jobs waiting longer (CCDF)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.text(0.5, 0.005, credit, ha="center", fontsize=7, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(out / "wait_ccdf.png", dpi=110)
+    plt.close(fig)
+    names.append("wait_ccdf.png")
+    # 2. allocation / entitlement per team over time, one panel per policy.
+    cols = 2
+    rows = math.ceil(len(rs) / cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(13, 2.6 * rows), sharex=True, sharey=True,
+                             squeeze=False)
+    for k, r in enumerate(rs):
+        res = r.result
+        assert res is not None
+        from controller.sim.trace import Period
+
+        _, _, per_hour = team_ratios(res, Period(0.0, r.window.days * 86400.0), r.weights)
+        ax = grid[k // cols][k % cols]
+        for i, team in enumerate(res.teams):
+            ys = [row[i] for row in per_hour]
+            if all(math.isnan(y) for y in ys):
+                continue
+            ax.plot([h for h in range(len(ys))], ys, linewidth=0.8, color=PALETTE[i % 10],
+                    label=team)
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_ylim(0, 2.5)
+        ax.set_title(r.policy, fontsize=9)
+        ax.grid(True, alpha=0.3)
+    for k in range(len(rs), rows * cols):
+        grid[k // cols][k % cols].axis("off")
+    for ax in grid[-1]:
+        ax.set_xlabel("hours since window start (busy hours only)")
+    for row in grid:
+        row[0].set_ylabel("alloc / entitlement")
+    fig.suptitle("Each team's allocation divided by its weighted fair share, per busy hour")
+    fig.text(0.5, 0.003, credit, ha="center", fontsize=7, color="gray")
+    fig.tight_layout(rect=(0, 0.02, 1, 0.97))
+    fig.savefig(out / "entitlement.png", dpi=100)
+    plt.close(fig)
+    names.append("entitlement.png")
+    # 3. preemptions over time (cumulative).
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for k, r in enumerate(rs):
+        res = r.result
+        assert res is not None
+        ts = sorted(e.time / 3600.0 for e in res.evictions if e.reason == "Preempted")
+        ax.step([0.0, *ts], list(range(len(ts) + 1)), where="post", label=r.policy,
+                color=PALETTE[k % 10], linewidth=1.3)
+    ax.set_xlabel("hours since window start")
+    ax.set_ylabel("preemptions (cumulative)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.text(0.5, 0.005, credit, ha="center", fontsize=7, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(out / "preemptions.png", dpi=110)
+    plt.close(fig)
+    names.append("preemptions.png")
+    return names

@@ -1,0 +1,113 @@
+"""The evaluation's method: windows, team weights, bootstrap intervals and the goal check."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from controller.sim import trace as tr
+from controller.sim.evaluate import Estimate, bootstrap, check_goals, paired
+from controller.sim.experiment import (
+    FS_NAME,
+    Options,
+    RunRecord,
+    Window,
+    choose_windows,
+    parse_window,
+    run_all,
+    team_weights,
+)
+
+EPOCH = datetime(2017, 9, 4, 3, 0, tzinfo=UTC)
+
+
+def test_parse_window_by_date_and_by_day_offset() -> None:
+    w = parse_window("2017-10-25:3", EPOCH, "held-out")
+    assert w.days == 3 and w.start == (datetime(2017, 10, 25, tzinfo=UTC) - EPOCH).total_seconds()
+    assert parse_window("2:1", EPOCH, "tuning").start == 2 * 86400 - 3 * 3600
+    with pytest.raises(ValueError):
+        parse_window("2017-10-25", EPOCH, "held-out")
+
+
+def test_held_out_windows_never_overlap_the_tuning_window_or_each_other() -> None:
+    opts = Options(trace=None, generated_jobs=2000, days=1, held_out=3)
+    trace = tr.generate_trace(opts.generated_seed, opts.generated_jobs, teams=4, span=10 * tr.DAY)
+    windows = choose_windows(opts, trace)
+    assert windows[0].role == "tuning" and all(w.role == "held-out" for w in windows[1:])
+    spans = [(w.start, w.start + w.days * tr.DAY) for w in windows]
+    for i, (s1, e1) in enumerate(spans):
+        for s2, e2 in spans[i + 1:]:
+            assert e1 <= s2 or e2 <= s1
+
+
+def test_team_weights_by_gpu_time_or_by_name() -> None:
+    jobs = [tr.SimJob(0, 0.0, 100.0, "big", tr.PriorityClass.NORMAL, 1, 8, 100),
+            tr.SimJob(1, 0.0, 100.0, "mid", tr.PriorityClass.NORMAL, 1, 2, 100),
+            tr.SimJob(2, 0.0, 100.0, "small", tr.PriorityClass.NORMAL, 1, 1, 100),
+            tr.SimJob(3, 0.0, 100.0, "tiny", tr.PriorityClass.NORMAL, 1, 1, 25)]
+    assert team_weights("4,2,1", jobs) == {"big": 4.0, "mid": 2.0, "small": 1.0, "tiny": 1.0}
+    assert team_weights("mid=3", jobs) == {"mid": 3.0}
+    assert team_weights("", jobs) == {}
+
+
+def test_bootstrap_interval_contains_the_mean_and_is_deterministic() -> None:
+    values = [1.0, 2.0, 3.0, 4.0, 10.0]
+    e = bootstrap(values)
+    assert e.lo <= e.mean <= e.hi and e.mean == 4.0 and e.n == 5
+    assert bootstrap(values) == e
+    assert bootstrap([5.0]) == Estimate(5.0, 5.0, 5.0, 1)
+    assert bootstrap([]).n == 0
+
+
+def _rec(policy: str, seed: int, **metrics: float) -> RunRecord:
+    base = {
+        "jain": 0.9, "worst_team_ratio": 0.5, "max_ratio_error": 0.05, "urgent_p99": 60.0,
+        "normal_1gpu_max": 3600.0, "normal_2-8gpu_max": 7200.0, "normal_>8gpu_max": 9e4,
+        "normal_1gpu_p99": 1800.0, "utilisation": 0.9, "lost_share": 0.001,
+        "gpu_hours_lost": 5.0, "writes_per_job_mean": 1.5, "writes_per_job_p99": 4.0,
+    }
+    base.update(metrics)
+    return RunRecord(Window("w", 0.0, 3, "held-out"), seed, policy, policy.lower(), base, 0.0,
+                     10, 1.0)
+
+
+def test_paired_differences_remove_what_moves_every_policy_alike() -> None:
+    recs = []
+    for seed in range(6):
+        level = 0.5 + 0.08 * seed  # windows differ a lot...
+        recs.append(_rec("WDRF", seed, jain=level + 0.01))  # ...WDRF always 0.01 better
+        recs.append(_rec("DRF (ideal)", seed, jain=level))
+    d = paired(recs, "WDRF", "DRF (ideal)", "jain")
+    assert d.lo == pytest.approx(0.01) and d.hi == pytest.approx(0.01)
+
+
+def test_goals_met_and_not_met() -> None:
+    recs = []
+    for seed in range(5):
+        recs.append(_rec("WDRF", seed, jain=0.95, urgent_p99=65.0, writes_per_job_mean=3.5))
+        recs.append(_rec("FIFO", seed, jain=0.80, urgent_p99=600.0))
+        recs.append(_rec(FS_NAME, seed, jain=0.97, urgent_p99=60.0))
+        recs.append(_rec("DRF (ideal)", seed, jain=0.90))
+    goals = check_goals(recs, 10.0)
+
+    def met(prefix: str) -> bool | None:
+        (g,) = [g for g in goals if g.name.startswith(prefix)]
+        return g.met
+
+    assert met("fairness: WDRF's Jain") is False  # 0.95 < 0.97 on every run
+    assert met("fairness: WDRF's worst") is True  # equal everywhere: within CI
+    assert met("urgent") is True  # 65 s <= 60 s + 10 s
+    assert met("cost") is False  # 3.5 writes per job
+    assert met("starvation: normal max") is True
+    assert met("GPU-hours lost") is True
+
+
+def test_a_tiny_evaluation_runs_end_to_end() -> None:
+    opts = Options(trace=None, generated_jobs=300, days=1, held_out=1, seeds=2,
+                   policies=("fifo", "static", "fs", "wdrf"))
+    windows, records, _ = run_all(opts)
+    assert len(windows) == 2 and len(records) == 2 * 2 * 4
+    assert {r.seed for r in records} == {1, 2}
+    held = [r for r in records if r.window.role == "held-out"]
+    assert all(g.met is not None for g in check_goals(held, 10.0))
