@@ -24,6 +24,27 @@ from prometheus_client import (
 log = logging.getLogger(__name__)
 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Team label values are bounded (docs/security.md, S2): configured teams always get a series,
+# then the teams with the largest shares, up to MAX_TEAM_SERIES; the rest share one series
+# team="other" (the largest of their shares), so no one can blow up Prometheus by making teams.
+MAX_TEAM_SERIES = 100
+OTHER_TEAM = "other"
+
+
+def bound_teams(
+    values: Mapping[str, float], limit: int = MAX_TEAM_SERIES, known: frozenset[str] = frozenset()
+) -> dict[str, float]:
+    """At most `limit` series: `known` teams first, then by share (largest first, then name);
+    the overflow folded into OTHER_TEAM with the largest share among it."""
+    if len(values) <= limit:
+        return dict(values)
+    ranked = sorted(values, key=lambda t: (t not in known, -values[t], t))
+    keep = ranked[: max(limit - 1, 0)]
+    rest = ranked[len(keep):]
+    out = {t: values[t] for t in keep if t != OTHER_TEAM}
+    out[OTHER_TEAM] = max([values[t] for t in rest] + ([values[OTHER_TEAM]]
+                                                       if OTHER_TEAM in keep else []))
+    return out
 
 
 class Metrics:
@@ -31,6 +52,10 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        # Bound on wdrf_team_dominant_share series; configured teams (TEAM_WEIGHTS,
+        # TEAM_NAMESPACES) always keep their own. See bound_teams.
+        self.team_series_limit = MAX_TEAM_SERIES
+        self.known_teams: frozenset[str] = frozenset()
         r = self.registry
         self.cycle_duration = Histogram(
             "wdrf_cycle_duration_seconds",
@@ -95,7 +120,10 @@ class Metrics:
         )
 
     def set_labelled(self, gauge: Gauge, values: Mapping[str, float]) -> None:
-        """Replace all series of a one-label gauge, so stale teams/queues disappear."""
+        """Replace all series of a one-label gauge, so stale teams/queues disappear. Team
+        shares are bounded (bound_teams)."""
+        if gauge is self.dominant_share:
+            values = bound_teams(values, self.team_series_limit, self.known_teams)
         gauge.clear()
         for label, value in values.items():
             gauge.labels(label).set(value)

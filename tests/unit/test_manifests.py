@@ -149,6 +149,7 @@ def test_kustomize_renders_expected_objects(rendered: list[Obj]) -> None:
     kinds = sorted(f"{o['kind']}/{o['metadata']['name']}" for o in rendered)
     expected_prefixes = [
         "ClusterRole/wdrf-controller",
+        "ClusterRole/wdrf-metrics-reader",
         "ClusterRoleBinding/wdrf-controller",
         "ConfigMap/wdrf-admission-params",
         "ConfigMap/wdrf-controller-config-",  # generated, with a content hash
@@ -340,7 +341,7 @@ def test_class_and_hami_examples_carry_the_right_annotations() -> None:
 
 
 def test_cluster_role_is_exactly_what_the_controller_uses(rendered: list[Obj]) -> None:
-    role = find(rendered, "ClusterRole")
+    role = find(rendered, "ClusterRole", "wdrf-controller")
     triples = list(rule_triples(role["rules"]))
     assert len(triples) == len(set(triples)), "duplicate grants"
     want = expected_cluster_rules()
@@ -429,7 +430,7 @@ def test_bindings_grant_the_roles_to_the_controller_service_account(rendered: li
         assert b["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": role_kind,
-            "name": find(rendered, role_kind)["metadata"]["name"],
+            "name": find(rendered, role_kind, "wdrf-controller")["metadata"]["name"],
         }
         assert b["subjects"] == [
             {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
@@ -630,6 +631,11 @@ def test_controller_writes_policy_narrows_every_cluster_wide_patch(rendered: lis
     assert "paramKind" not in vap["spec"]  # no params: nothing to delete to turn it off
     b = find(rendered, "ValidatingAdmissionPolicyBinding", "wdrf-controller-writes")
     assert b["spec"]["validationActions"] == ["Deny"] and "paramRef" not in b["spec"]
+
+
+def test_metrics_reader_grants_only_get_metrics(rendered: list[Obj]) -> None:
+    reader = find(rendered, "ClusterRole", "wdrf-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
 
 
 def test_network_policies_select_the_pods_and_limit_ingress_to_the_metrics_port(

@@ -257,8 +257,12 @@ def test_the_opt_out_kustomization_in_the_readme_drops_only_the_binding(tmp_path
     out = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True,
                          timeout=60, check=False)
     assert out.returncode == 0, out.stderr
-    kinds = [d["kind"] for d in yaml.safe_load_all(out.stdout) if d]
-    assert "ValidatingAdmissionPolicyBinding" not in kinds
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    kinds = [d["kind"] for d in docs]
+    bindings = {d["metadata"]["name"] for d in docs
+                if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert "wdrf-class-annotations" not in bindings
+    assert "wdrf-controller-writes" in bindings  # the controller's own limits stay
     assert "Deployment" in kinds and "ValidatingAdmissionPolicy" in kinds
 
 
