@@ -291,6 +291,7 @@ def test_workload_recreated_under_the_same_name_gets_no_stale_patch(
             return None
 
         created = kube.wait_for(recreated, 60, "Kueue recreates the Workload")
+        sent_at = datetime.now(UTC)
         outcome = Applier(c.writer, Metrics()).apply([stale])
         assert outcome.counts() == {NOOP: 1}
         now = kube.get_workload(api, namespace, wl_name)
@@ -300,8 +301,7 @@ def test_workload_recreated_under_the_same_name_gets_no_stale_patch(
         patches = [e for e in plane.audit_events("wdrf-controller") if e.get("verb") == "patch"
                    and (e.get("objectRef") or {}).get("name") == wl_name
                    and e.get("stage") == "ResponseComplete"
-                   and audit.ts(e["requestReceivedTimestamp"]) >= audit.ts(
-                       created["metadata"]["creationTimestamp"])]
+                   and audit.ts(e["requestReceivedTimestamp"]) >= sent_at]
         codes = [int((e.get("responseStatus") or {}).get("code") or 0) for e in patches]
         assert 422 in codes and not any(200 <= code < 300 for code in codes), codes
         c.shutdown()
