@@ -128,6 +128,8 @@ def spaces(admin: k8s.ApiClient, installed: list[Obj], suffix: str) -> Iterator[
                        "resources": ["workloads", "workloads/status", "localqueues"],
                        "verbs": ["get", "list", "create", "update", "patch"]},
                       {"apiGroups": [""], "resources": ["pods"],
+                       "verbs": ["get", "create", "update", "patch"]},
+                      {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"],
                        "verbs": ["get", "create", "update", "patch"]}]}
     ssa(admin, role)
     # Kueue's batch-admin can patch every Workload (S3): emulated with the same verbs.
@@ -263,6 +265,46 @@ def test_s1_users_cannot_choose_a_priority_class(
     with params_changed(admin, alice, ns, {"allowedPriorityClasses": f"low,{wpc}"}, allowed):
         post(alice, jobs(ns), kube.job_manifest(ns, name(), None, priority_class=wpc))
     post(people["adam"], jobs(ns), kube.job_manifest(ns, name(), None, priority_class=wpc))
+
+
+def test_s1_pod_templates_of_kueue_managed_deployments_are_guarded_too(
+        spaces: tuple[str, str], people: dict[str, k8s.ApiClient], wpc: str,
+        admin: k8s.ApiClient) -> None:
+    """Kueue's pod-based integrations: the template decides the pods' class. The ReplicaSet
+    controller creating the pods is exempt (it copies a guarded template)."""
+    ns, _ = spaces
+    alice = people["alice"]
+
+    def deployment(labels: dict[str, str], pcn: str = "") -> Obj:
+        spec: Obj = {"containers": [{"name": "c", "image": "busybox"}]}
+        if pcn:
+            spec["priorityClassName"] = pcn
+        return {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": name("d"), "namespace": ns,
+                             "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "x"}},
+                         "template": {"metadata": {"labels": {"app": "x", **labels}},
+                                      "spec": spec}}}
+
+    deploys = f"/apis/apps/v1/namespaces/{ns}/deployments"
+    refused(lambda: post(alice, deploys, deployment({PC_LABEL: wpc})),
+            f"pod template label {PC_LABEL}={wpc}")
+    refused(lambda: post(alice, deploys, deployment({}, wpc)), f"priorityClassName {wpc}")
+    refused(lambda: post(alice, deploys, deployment({TEAM: "fresh"})), "team label")
+    post(alice, deploys, deployment({}))
+    rs = kube.impersonating_client(admin, "system:serviceaccount:kube-system:"
+                                   "replicaset-controller", ["system:serviceaccounts"])
+    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "redteam-rs", "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "wdrf-redteam-editor"},
+                "subjects": [{"kind": "ServiceAccount", "name": "replicaset-controller",
+                              "namespace": "kube-system"}]})
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name("p"), "namespace": ns,
+                        "labels": {"kueue.x-k8s.io/queue-name": "lq", PC_LABEL: wpc}},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    post(rs, f"/api/v1/namespaces/{ns}/pods", pod)
 
 
 @pytest.mark.parametrize("mode", ["boost", "spec"])

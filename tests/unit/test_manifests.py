@@ -557,6 +557,9 @@ def test_admission_policy_guards_every_object_a_priority_or_team_is_read_from(
         ("kueue.x-k8s.io", "workloads"): {"CREATE", "UPDATE"},
         ("kueue.x-k8s.io", "localqueues"): {"CREATE", "UPDATE"},
         ("", "pods"): {"CREATE", "UPDATE"},
+        ("apps", "deployments"): {"CREATE", "UPDATE"},  # pod templates of Kueue's
+        ("apps", "statefulsets"): {"CREATE", "UPDATE"},  # pod-based integrations
+        ("apps", "replicasets"): {"CREATE", "UPDATE"},
     }
     text = yaml.safe_dump(vap["spec"])
     for key in ("approved", "urgent", "priority-override", "base-priority", "applied-priority",
