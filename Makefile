@@ -54,6 +54,11 @@ lint: venv
 unit: venv
 	$(PY) -m pytest -m "not plane and not e2e"
 
+# The trace evaluation of docs/evaluation.md (tuning + 5 held-out windows x 10 label seeds).
+.PHONY: eval-trace
+eval-trace: venv
+	$(PY) bench/trace_eval.py --jobs $(or $(EVAL_JOBS),2)
+
 test: venv tools promtool lint
 	$(PY) -m pytest
 

@@ -179,6 +179,7 @@ COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
 )
 COST_COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("preemptions_per_hour", "preemptions / h", lambda x: f"{x:.2f}"),
+    ("same_class_preemptions", "same-class preemptions / window", lambda x: f"{x:.1f}"),
     ("gpu_hours_lost", "GPU-h lost / window", lambda x: f"{x:,.0f}"),
     ("lost_share", "lost / capacity", _pct),
     ("timeouts_per_hour", "PodsReady timeouts / h", lambda x: f"{x:.2f}"),

@@ -251,6 +251,8 @@ def make_policy(key: str, opts: Options, zero: datetime, settings: Settings,
     base = with_overrides(settings, team_weights=dict(weights)) if weights else settings
     if key == "wdrf":
         return WdrfKueue(base, zero), k
+    if key == "wdrf-hami":
+        return WdrfKueue(base, zero, name="WDRF, plan's HAMi packing", apply_hami=True), k
     if key == "wdrf-fs":
         fs = replace(k, topology=COHORT, fair_sharing=True,
                      reclaim_within_cohort=ANY if k.within_cluster_queue != NEVER else NEVER)

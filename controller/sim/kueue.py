@@ -138,6 +138,7 @@ class Eviction:
     reason: str  # Preempted | PodsReadyTimeout
     lost: float  # GPU-percent-seconds of work lost (need x seconds since the last checkpoint)
     by: int = -1  # preemptor job id
+    admitted_at: float = math.nan  # when the evicted job's quota was reserved
 
 
 @dataclass(slots=True)
@@ -370,8 +371,9 @@ class KueueSim:
             self.remaining[jid] -= kept
             lost = (ran - kept) * job.need
             self.lost += lost
+        admitted_at = self.cq_of(job).admitted[jid]
         self._release(jid)
-        self.evictions.append(Eviction(self.now, jid, reason, lost, by))
+        self.evictions.append(Eviction(self.now, jid, reason, lost, by, admitted_at))
         self.policy.on_release(job, self.now)
         if reason == PODS_READY_TIMEOUT:
             self.timeouts_n[jid] += 1

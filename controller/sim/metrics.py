@@ -319,6 +319,9 @@ def run_metrics(
     pre = [e for e in result.evictions if e.reason == "Preempted"
            and period.start <= e.time < period.end]
     out["preemptions_per_hour"] = len(pre) / hours
+    rank = {PriorityClass.NORMAL: 0, PriorityClass.APPROVED: 1, PriorityClass.URGENT: 2}
+    out["same_class_preemptions"] = float(sum(
+        1 for e in pre if rank[result.jobs[e.by].cls] <= rank[result.jobs[e.job_id].cls]))
     timeouts = [e for e in result.evictions if e.reason != "Preempted"
                 and period.start <= e.time < period.end]
     out["timeouts_per_hour"] = len(timeouts) / hours

@@ -66,15 +66,18 @@ class WdrfKueue(Policy):
     controller = True
 
     def __init__(self, settings: Settings, epoch: datetime, name: str = "WDRF",
-                 aggregate_admitted: bool = True) -> None:
+                 aggregate_admitted: bool = True, apply_hami: bool = False) -> None:
         super().__init__()
         self.settings = settings
         self.aggregate_admitted = aggregate_admitted
+        # The plan's HAMi node/GPU policy per Workload is applied only when asked: the
+        # evaluation gives every policy the same packing unless packing is the point of a row.
+        self.apply_hami = apply_hami
         self.epoch = epoch
         self.name = name
         self.description = "controller.policy.compute_plan every LOOP_INTERVAL, " + (
             describe_settings(settings)
-        )
+        ) + ("; the plan's HAMi packing applied" if apply_hami else "")
         self._init_state()
 
     def _init_state(self) -> None:
@@ -255,7 +258,7 @@ class WdrfKueue(Policy):
             members = group if group is not None else [self.by_key[d.key]]
             for jid in members:
                 changed |= self._apply(jid, d.target_priority, d.target_boost, terms, now)
-                if group is None and d.hami is not None and (
+                if group is None and self.apply_hami and d.hami is not None and (
                     d.hami.node_policy or d.hami.gpu_policy
                 ):
                     default = super().packing(sim.jobs[jid])
