@@ -64,3 +64,8 @@ test: venv tools promtool lint
 
 cluster: venv tools
 	$(PY) -m tests.support.cluster $(CLUSTER_ARGS)
+
+# Issue 12 soak on the real plane (default 20 min; CI runs the 60 s variant in `make test`).
+.PHONY: soak
+soak: venv tools
+	WDRF_SOAK_SECONDS=$${WDRF_SOAK_SECONDS:-1200} $(PY) -m pytest -s -p no:cacheprovider tests/plane/test_live_soak.py

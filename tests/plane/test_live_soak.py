@@ -137,7 +137,7 @@ def test_soak_churn_and_disruptions_one_writer_and_the_plan_holds(
         ("restart kube-apiserver", lambda: (plane.stop_apiserver(), plane.start_apiserver())),
         ("SIGTERM leader", kill_leader(signal.SIGTERM)),
     ]
-    every = SECONDS / (len(actions) + 1)
+    every = min(SECONDS / (len(actions) + 1), 90.0)  # in turn, again and again on long runs
     next_disruption = time.monotonic() + every
     t0 = time.monotonic()
     try:
@@ -158,8 +158,8 @@ def test_soak_churn_and_disruptions_one_writer_and_the_plan_holds(
                     deleted += 1
             except Exception:  # the apiserver or Kueue's webhook is down right now
                 pass
-            if time.monotonic() >= next_disruption and actions:
-                what, act = actions.pop(0)
+            if time.monotonic() >= next_disruption and SECONDS - (time.monotonic() - t0) > 8:
+                what, act = actions[len(disruptions) % len(actions)]
                 began = time.monotonic()
                 act()
                 disruptions.append((began - t0, what, time.monotonic() - began))
