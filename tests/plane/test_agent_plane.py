@@ -63,6 +63,7 @@ PATHS: dict[str, tuple[str, str, bool]] = {
         False,
     ),
     "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
+    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
 }
 
 

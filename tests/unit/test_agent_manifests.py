@@ -42,6 +42,7 @@ def test_renders_the_expected_objects_and_validates(rendered: list[Obj]) -> None
         "ClusterRole/wdrf-gpu-agent",
         "ClusterRoleBinding/wdrf-gpu-agent",
         "DaemonSet/wdrf-gpu-agent",
+        "NetworkPolicy/wdrf-gpu-agent",  # docs/security.md S8
         "Role/wdrf-gpu-agent-events",
         "RoleBinding/wdrf-gpu-agent-events",
         "ServiceAccount/wdrf-gpu-agent",
