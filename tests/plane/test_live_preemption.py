@@ -1,0 +1,135 @@
+"""Proof on the real plane: priority model v2 is safe under Kueue's preemption.
+
+Three teams, one ClusterQueue each, in one cohort; every ClusterQueue has
+`withinClusterQueue: LowerPriority` and `reclaimWithinCohort: Any` (what clusters that use
+priority classes run). 31 one-cpu Jobs over the three teams, mixed classes, created over time,
+with aging ON (AGING_COEFFICIENT 1, the default) and the controller's loop running throughout.
+
+The witness is Kueue itself: every `Preempted` Event Kueue records on a Workload names the
+preemptor's UID and the reason. The controller cannot write those. The test checks:
+* no Workload is preempted "due to prioritization" by a Workload of the same class (aging and
+  fairness never evict), and none by an approved one unless it is normal and approved may;
+* urgent work did preempt normal work (the class still means something);
+* no Workload is preempted twice by priority (no ping-pong);
+* afterwards, freeing one slot: Kueue admits the head of the controller's plan.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from controller.domain import APPROVED_ANNOTATION, URGENT_ANNOTATION
+from tests.plane import live_helpers as h
+from tests.support import kube
+
+pytestmark = pytest.mark.plane
+
+_MESSAGE = re.compile(r"Preempted to accommodate a workload \(UID: ([^,]+), JobUID: [^)]*\) "
+                      r"due to (.+?); preemptor path")
+CLASSES = {"normal": {}, "approved": {APPROVED_ANNOTATION: "true"},
+           "urgent": {URGENT_ANNOTATION: "true"}}
+
+
+def _kueue_preemptions(api: k8s.ApiClient, namespaces: list[str]) -> list[tuple[str, str, str]]:
+    """(victim namespace/name, preemptor UID, reason text) from Kueue's own Events."""
+    out = []
+    for ns in namespaces:
+        items = kube.request(api, "GET", f"/api/v1/namespaces/{ns}/events")["items"]
+        for e in items:
+            if e.get("reason") != "Preempted" or e["involvedObject"].get("kind") != "Workload":
+                continue
+            m = _MESSAGE.search(e.get("message", ""))
+            assert m, e.get("message")
+            for _ in range(int(e.get("count") or 1)):
+                out.append((f"{ns}/{e['involvedObject']['name']}", m.group(1), m.group(2)))
+    return out
+
+
+def test_no_same_class_preemption_urgent_preempts_and_no_ping_pong(
+    api: k8s.ApiClient, kubeconfig: Path
+) -> None:
+    teams = [kube.create_namespace(api) for _ in range(3)]
+    cohort = kube.unique_name("pre")
+    cqs = []
+    preemption = {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"}
+    for ns in teams:
+        cq = kube.unique_name("cq-pre")
+        kube.create_cluster_queue(api, cq, {"cpu": 2}, preemption=preemption, cohort=cohort,
+                                  namespace_selector={})
+        kube.create_local_queue(api, ns, "lq", cq)
+        cqs.append(cq)
+    cls_of: dict[str, str] = {}  # Workload UID -> class
+    key_of: dict[str, str] = {}  # Workload UID -> namespace/name
+
+    def submit(team: int, job: str, cls: str) -> None:
+        ns = teams[team]
+        h.create_job(api, ns, job, "lq", annotations=CLASSES[cls])
+        wl = kube.get_workload(api, ns, h.job_workload(api, ns, job))
+        cls_of[wl["metadata"]["uid"]] = cls
+        key_of[wl["metadata"]["uid"]] = f"{ns}/{wl['metadata']['name']}"
+
+    try:
+        # Team 0 fills the whole cohort (2 nominal + 4 borrowed) before the controller runs.
+        for i in range(6):
+            submit(0, f"a-run-{i}", "normal")
+        kube.wait_for(lambda: sum(kube.has_condition(kube.get_workload(api, *k.split("/")),
+                                                    "QuotaReserved")
+                                  for k in key_of.values()) == 6 or None, 60, "6 admitted")
+
+        settings = h.live_settings(AGING_COEFFICIENT="1", RESOURCE_WEIGHTS="{cpu: 1}")
+        c = h.new_controller(kubeconfig, settings)
+        with h.started(c, loop=True):
+            waves = [
+                [(0, f"a-wait-{i}", "normal") for i in range(8)],
+                [(1, f"b-norm-{i}", "normal") for i in range(6)],  # reclaims b's nominal
+                [(2, "c-appr-0", "approved"), (2, "c-appr-1", "approved")]
+                + [(2, f"c-norm-{i}", "normal") for i in range(5)],  # reclaims c's nominal
+                [(0, "a-urgent-0", "urgent"), (0, "a-urgent-1", "urgent"),
+                 (1, "b-urgent-0", "urgent")],  # preempt normal work inside their queues
+            ]
+            for wave in waves:
+                for team, job, cls in wave:
+                    submit(team, job, cls)
+                    time.sleep(0.3)  # distinct creation times: ages differ
+                time.sleep(6)  # several controller cycles and Kueue scheduling passes
+            assert len(cls_of) >= 30
+            time.sleep(10)  # aging keeps running: nothing more may be evicted by it
+
+            preemptions = _kueue_preemptions(api, teams)
+            by_priority = [(v, p, r) for v, p, r in preemptions
+                           if r == "prioritization in the ClusterQueue"]
+            victims_cls = {v: cls for uid, cls in cls_of.items() for v in [key_of[uid]]}
+            same_class = [(v, cls_of.get(p)) for v, p, _ in by_priority
+                          if cls_of.get(p) == victims_cls.get(v)]
+            assert not same_class, f"same-class preemptions by priority: {same_class}"
+            approved_over_normal = [(v, p) for v, p, _ in by_priority
+                                    if cls_of.get(p) == "approved"]
+            assert not approved_over_normal, approved_over_normal
+            urgent_over_normal = [(v, p) for v, p, _ in by_priority
+                                  if cls_of.get(p) == "urgent" and victims_cls.get(v) == "normal"]
+            assert len(urgent_over_normal) >= 2, (preemptions, urgent_over_normal)
+            twice = [v for v, n in Counter(v for v, _, _ in by_priority).items() if n > 1]
+            assert not twice, f"preempted twice by priority: {twice}"
+            print(f"\nKueue preemptions: {len(preemptions)} "
+                  f"({Counter(r for _, _, r in preemptions)}); by priority: "
+                  f"{Counter((cls_of.get(p), victims_cls.get(v)) for v, p, _ in by_priority)}")
+
+            # Kueue's admission order is still the plan's: free one slot in team 1's queue.
+            report = h.converge(c)
+            head = h.head_of(report, cqs[1])
+            running = [k for k in key_of.values() if k.startswith(teams[1] + "/")
+                       and kube.has_condition(kube.get_workload(api, *k.split("/")),
+                                              "QuotaReserved")]
+            candidates = {k: k.split("/")[0] for k in key_of.values()
+                          if k.startswith(teams[1] + "/") and k not in running}
+            assert head.key in candidates and running, (head.key, running)
+            h.release(api, *running[0].split("/"))
+            assert h.next_admitted(api, candidates) == head.key
+    finally:
+        h.cleanup(api, teams, cqs)
