@@ -86,6 +86,11 @@ def bounded(what: str, seconds: float, stop: threading.Event, work: Callable[[],
         e = box["error"]
         if isinstance(e, LiveError):
             raise e
+        from controller.live.api import ApiError
+
+        if isinstance(e, ApiError) and e.status == 0:
+            raise LiveError(f"{what}: the apiserver did not answer ({e.reason}); is it "
+                            "reachable? (kubeconfig server, network)") from None
         raise LiveError(f"{what} failed: {e}") from None
     return box["value"]  # type: ignore[return-value]
 
@@ -95,6 +100,7 @@ def run_live(settings: Settings, dry_run: bool, once: bool, output: str) -> int:
     from controller.live.logs import setup_logging
 
     setup_logging(settings.log_level, settings.log_format)
+    logging.getLogger("urllib3").setLevel(logging.ERROR)  # we log failed requests ourselves
     identity = default_identity()
     try:
         transport = make_transport(settings, identity)
@@ -103,6 +109,7 @@ def run_live(settings: Settings, dry_run: bool, once: bool, output: str) -> int:
         return 1
     controller = LiveController(settings, transport, dry_run=dry_run, identity=identity)
     previous = _install_signal_handlers(controller.stop_event)
+    failure = ""
     try:
         if once:
             limit = setting(settings, "once_timeout", 60.0)
@@ -110,7 +117,7 @@ def run_live(settings: Settings, dry_run: bool, once: bool, output: str) -> int:
                 return bounded("--once", limit, controller.stop_event,
                                lambda: _run_once(controller, output, time.monotonic() + limit))
             except LiveError as e:
-                log.error("%s", e)
+                failure = str(e)
                 return 1
         controller.start()
         if controller.stop_event.is_set():
@@ -126,6 +133,8 @@ def run_live(settings: Settings, dry_run: bool, once: bool, output: str) -> int:
         controller.shutdown()
         _restore_signal_handlers(previous)
         log.info("stopped; %s", dict(controller.counting.snapshot()))
+        if failure:
+            log.error("%s", failure)  # the last line says why
 
 
 def _run_once(controller: LiveController, output: str, deadline: float) -> int:

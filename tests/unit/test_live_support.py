@@ -21,12 +21,12 @@ from controller.live.discovery import (
     read_priority_boost_gate,
     resolve_mode,
 )
-from tests.support.fake import FakeApi
 from controller.live.history import HistoryStore
 from controller.live.logs import JsonFormatter
 from controller.live.metrics import Health, HttpServer, Metrics
 from controller.live.snapshot import needs_prompt_cycle
 from controller.plan import PriorityMode
+from tests.support.fake import FakeApi
 
 
 def test_version_choice_prefers_v1beta2_and_falls_back() -> None:
@@ -172,3 +172,21 @@ def test_quota_check_from_kueue_config() -> None:
     assert transformed.accepts("nvidia.com/gpucores", set())
     assert transformed.accepts("nvidia.com/gpumem-percentage", set())
     assert not transformed.accepts("example.com/other", set())
+
+
+def test_probes_starting_until_the_first_cycle_then_stale_cache_is_not_ready() -> None:
+    from controller.live.health import Probes
+
+    t = {"now": 0.0}
+    probes = Probes(stale_after=60, clock=lambda: t["now"])
+    alive, why = probes.alive()
+    assert not alive and why.startswith("starting")  # the startupProbe waits for this
+    probes.set_ready(True)
+    probes.beat()
+    assert probes.alive()[0] and probes.ready()[0]
+    probes.set_stale(("workloads 130s",))
+    ok, why = probes.ready()
+    assert not ok and "workloads 130s" in why and "writes paused" in why
+    probes.set_stale(())
+    t["now"] += 61
+    assert not probes.alive()[0]
