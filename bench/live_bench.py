@@ -1,48 +1,50 @@
-"""Benchmark the live controller on the real control plane (not a test).
+"""Benchmark the live controller on the real control plane (not a test), at default settings.
 
-    .venv/bin/python bench/live_bench.py [--workloads 5000] [--teams 20] [--steady 120]
-                                         [--interval 10] [--keep]
+    .venv/bin/python bench/live_bench.py [--workloads 5000] [--teams 20] [--hours 1]
+                                         [--rebase] [--keep]
 
-Starts its own plane (etcd, kube-apiserver, Kueue from tools/bin), creates N pending Workload
-objects directly (cheaper than Jobs) across `--teams` namespaces sharing one ClusterQueue with
-a small quota, mixed classes (5 % urgent, 15 % approved), then runs `python -m controller` as a
-separate process with leader election on and prints:
+Starts its own plane (etcd, kube-apiserver with its audit log, Kueue from tools/bin), creates N
+pending Workload objects directly (cheaper than Jobs) across `--teams` namespaces sharing one
+ClusterQueue with no quota, mixed classes (5 % urgent, 15 % approved), then runs the live
+controller in this process with the settings users get (config.yaml: PRIORITY_MODE auto,
+WRITE_BUDGET, CLIENT_QPS, leader election on, its Lease renewed in real time), and reports:
 
-* the first full cycle (snapshot + plan + every write) and steady cycles (from its JSON logs),
-* API requests per steady cycle by verb/resource and in total per minute (its
-  `wdrf_api_requests_total` metric, scraped from /metrics), writes in steady state,
-* the controller's RSS (VmRSS, and the peak VmHWM) from /proc.
+* the first cycles until nothing is left to write: time and writes;
+* steady state: `--hours` of simulated time, one cycle per LOOP_INTERVAL (10 s) with the plan's
+  clock advanced by that much each cycle while the informers keep watching the real apiserver
+  (priority model v2 writes nothing for the passing of time, so simulated time is what matters;
+  real time spent is printed too): writes and Events other than the Lease;
+* with `--rebase`, one cycle just after the next weekly rebase: its writes and Events.
 
-AGING_STEP is set to 1 h so that no workload's aging term steps during the measurement: the
-steady window then measures "nothing changed" (aging steps legitimately cause writes).
+Writes are counted in the apiserver's audit log (user agent "wdrf-controller"), not by the
+controller. Also prints this process's peak RSS (controller + bench, an upper bound).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
-import re
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from controller.config import load_settings  # noqa: E402
 from controller.domain import APPROVED_ANNOTATION, URGENT_ANNOTATION  # noqa: E402
+from controller.encoding import next_rebase  # noqa: E402
+from controller.live.kube import KubeTransport  # noqa: E402
+from controller.live.runner import LiveController  # noqa: E402
 from tests.support import kube  # noqa: E402
 from tests.support.plane import Plane  # noqa: E402
-from tests.support.procs import free_port  # noqa: E402
 
-SAMPLE = re.compile(r'^wdrf_api_requests_total\{resource="([^"]*)",verb="([^"]*)"\} (\S+)$')
+AGENT = "wdrf-controller"
 
 
 def workload_body(ns: str, name: str, rng: random.Random) -> dict[str, Any]:
@@ -79,8 +81,7 @@ def create_workloads(plane: Plane, n: int, teams: list[str]) -> float:
 
 
 def wait_kueue_saw_all(plane: Plane, n: int, timeout: float = 900) -> float:
-    """Until the ClusterQueue counts every Workload as pending (Kueue writes a Pending
-    condition only on the heads its scheduler tries, so conditions are no measure)."""
+    """Until the ClusterQueue counts every Workload as pending."""
     api = plane.api_client()
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -91,49 +92,36 @@ def wait_kueue_saw_all(plane: Plane, n: int, timeout: float = 900) -> float:
     raise SystemExit(f"Kueue did not count {n} pending Workloads in {timeout}s")
 
 
-def scrape(port: int) -> tuple[Counter[str], dict[str, float]]:
-    """(requests by "VERB resource", a few scalar series: cycles, cycle seconds)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+def writes_since(plane: Plane, mark: int) -> Counter[str]:
+    """The controller's write requests in the audit log after the first `mark` events, by
+    "verb resource" (one event per request: the ResponseComplete stage)."""
     out: Counter[str] = Counter()
-    scalars: dict[str, float] = {}
-    for line in text.splitlines():
-        m = SAMPLE.match(line)
-        if m:
-            out[f"{m.group(2)} {m.group(1)}"] += int(float(m.group(3)))
-        for name in ("wdrf_cycle_duration_seconds_sum", "wdrf_cycle_duration_seconds_count"):
-            if line.startswith(name + " "):
-                scalars[name] = float(line.split()[1])
-    return out, scalars
-
-
-def cycles(log: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            if str(doc.get("msg", "")).startswith("cycle "):
-                out.append(doc)
+    for e in plane.audit_events(AGENT)[mark:]:
+        if e.get("stage") not in (None, "ResponseComplete") or e.get("verb") in (
+                "get", "list", "watch"):
+            continue
+        ref = e.get("objectRef") or {}
+        out[f"{e.get('verb')} {ref.get('resource', '?')}"] += 1
     return out
 
 
-def rss_mib(pid: int) -> tuple[float, float]:
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) / 1024
-    return fields["VmRSS"], fields["VmHWM"]
+def non_lease(c: Counter[str]) -> int:
+    return sum(v for k, v in c.items() if not k.endswith(" leases"))
+
+
+def peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", type=int, default=5000)
     ap.add_argument("--teams", type=int, default=20)
-    ap.add_argument("--steady", type=float, default=120.0, help="seconds of steady state")
-    ap.add_argument("--interval", type=float, default=10.0, help="LOOP_INTERVAL")
+    ap.add_argument("--hours", type=float, default=1.0, help="simulated steady state")
+    ap.add_argument("--rebase", action="store_true", help="also measure one weekly rebase")
     ap.add_argument("--keep", action="store_true", help="keep the plane's directory")
     args = ap.parse_args()
 
@@ -147,57 +135,75 @@ def main() -> int:
         created = create_workloads(plane, args.workloads, teams)
         print(f"created {args.workloads} Workloads in {created:.1f}s", flush=True)
         settled = wait_kueue_saw_all(plane, args.workloads)
-        print(f"Kueue marked them pending in {settled:.1f}s more", flush=True)
+        print(f"Kueue counted them pending {settled:.1f}s later", flush=True)
 
-        port = free_port()
-        log = plane.workdir / "controller.log"
-        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "PYTHONUNBUFFERED": "1",
-               "METRICS_PORT": str(port), "LOOP_INTERVAL": str(args.interval),
-               "LOG_FORMAT": "json", "LEADER_ELECTION": "true", "CAPACITY_SOURCE": "quota",
-               "AGING_STEP": "1h", "PRIORITY_MODE": "auto", "LEASE_NAME": "wdrf-bench"}
-        started = time.monotonic()
-        with log.open("wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "controller"], cwd=REPO, env=env,
-                                    stdout=out, stderr=subprocess.STDOUT)
+        # The settings users get: config.yaml, plus what only a process differs in (no HTTP
+        # port in-process, our Lease name); CAPACITY_SOURCE auto finds no nodes -> quotas.
+        settings = load_settings(REPO / "config.yaml", env={
+            "METRICS_PORT": "0", "LEASE_NAME": "wdrf-bench",
+            "KUBECONFIG_PATH": str(plane.kubeconfig)})
+        transport = KubeTransport.from_config(str(plane.kubeconfig), user_agent=AGENT)
+        c = LiveController(settings, transport)
+        c.start(serve_http=False)
         try:
-            while not any(c.get("results") for c in cycles(log)):
-                if proc.poll() is not None:
-                    raise SystemExit(f"controller exited: {log.read_text()[-3000:]}")
-                time.sleep(1)
-            first = next(c for c in cycles(log) if c.get("results"))
-            to_first = time.monotonic() - started
-            # Let the watches catch up with our own writes, then measure a steady window.
-            time.sleep(2 * args.interval)
-            (req0, sc0), t0 = scrape(port), time.monotonic()
-            time.sleep(args.steady)
-            (req1, sc1), t1 = scrape(port), time.monotonic()
-            rss, hwm = rss_mib(proc.pid)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+            if not c.wait_synced(120):
+                raise SystemExit("informers did not sync")
+            kube.wait_for(lambda: c.elector is None or c.elector.is_leader() or None, 60,
+                          "leadership")
+            now = datetime.now(UTC)
+            mark = len(plane.audit_events(AGENT))
+            t0 = time.monotonic()
+            cycles = 0
+            while True:
+                report = c.run_cycle(now=now)
+                cycles += 1
+                if not report.changes:
+                    break
+                time.sleep(1)  # let the watches deliver our own writes
+            first_secs = time.monotonic() - t0
+            first = writes_since(plane, mark)
+            print(f"first cycles: {cycles} until nothing to write, {first_secs:.1f}s; writes "
+                  f"{dict(first)}; writes per pending Workload "
+                  f"{non_lease(first) / args.workloads:.2f}", flush=True)
 
-    delta = req1 - req0
-    count, total = "wdrf_cycle_duration_seconds_count", "wdrf_cycle_duration_seconds_sum"
-    n_cycles = max(1, int(sc1[count] - sc0[count]))
-    steady_secs = sc1[total] - sc0[total]
-    writes = sum(v for k, v in delta.items() if k.split()[0] in ("PATCH", "POST", "PUT"))
-    lease_writes = sum(v for k, v in delta.items() if k == "PUT leases")
-    lease = sum(v for k, v in delta.items() if k.endswith(" leases"))
-    minutes = (t1 - t0) / 60
-    print("\n=== live controller benchmark ===")
-    print(f"pending Workloads: {args.workloads} in {args.teams} namespaces, one ClusterQueue")
-    print(f"start to end of first writing cycle: {to_first:.1f}s")
-    print(f"first full cycle (snapshot+plan+writes+Events): {first['seconds']:.2f}s, "
-          f"results {first['results']}")
-    print(f"steady window: {t1 - t0:.0f}s, {n_cycles} cycles, mean cycle "
-          f"{steady_secs / n_cycles:.3f}s")
-    print(f"steady-state writes other than the Lease: {writes - lease_writes} "
-          f"in {n_cycles} cycles (goal 0)")
-    print(f"API requests per steady cycle: {sum(delta.values()) / n_cycles:.1f} "
-          f"({', '.join(f'{k}={v}' for k, v in sorted(delta.items()))} over {n_cycles} cycles)")
-    print(f"API requests per minute: {sum(delta.values()) / minutes:.1f} "
-          f"(of which Lease get/update: {lease / minutes:.1f}/min)")
-    print(f"controller RSS: {rss:.0f} MiB now, peak {hwm:.0f} MiB (goal <= 250 MB)")
+            mark = len(plane.audit_events(AGENT))
+            steps = int(args.hours * 3600 / settings.loop_interval)
+            t0 = time.monotonic()
+            changes = 0
+            for k in range(1, steps + 1):
+                report = c.run_cycle(now=now + timedelta(seconds=k * settings.loop_interval))
+                changes += len(report.changes)
+            steady_secs = time.monotonic() - t0
+            time.sleep(2)  # the audit log is written as requests complete
+            steady = writes_since(plane, mark)
+            ends = now + timedelta(hours=args.hours)
+            print(f"steady state: {args.hours:g} h simulated ({steps} cycles of "
+                  f"{settings.loop_interval:g}s, {steady_secs:.0f}s real; next rebase "
+                  f"{next_rebase(now, settings.rebase_period).isoformat()}, "
+                  f"{'inside' if next_rebase(now, settings.rebase_period) <= ends else 'after'}"
+                  f" the window): writes other than the Lease {non_lease(steady)} (goal 0), "
+                  f"of which Events {steady.get('create events', 0)}; all {dict(steady)}; "
+                  f"changes planned {changes}", flush=True)
+
+            if args.rebase:
+                mark = len(plane.audit_events(AGENT))
+                after = next_rebase(now, settings.rebase_period) + timedelta(seconds=1)
+                t0 = time.monotonic()
+                rebase_cycles = 0
+                while True:
+                    report = c.run_cycle(now=after)
+                    rebase_cycles += 1
+                    if not report.changes:
+                        break
+                    time.sleep(1)
+                time.sleep(2)
+                rebased = writes_since(plane, mark)
+                print(f"rebase: {rebase_cycles} cycles, {time.monotonic() - t0:.1f}s; writes "
+                      f"{dict(rebased)} (Events {rebased.get('create events', 0)}, goal 0)",
+                      flush=True)
+        finally:
+            c.shutdown()
+        print(f"peak RSS of this process (controller + bench): {peak_rss_mib():.0f} MiB")
     return 0
 
 

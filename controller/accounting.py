@@ -33,7 +33,6 @@ from controller.domain import (
     ClusterQueue,
     Container,
     InputProblem,
-    LocalQueue,
     NodeInventory,
     PodSet,
     TeamSource,
@@ -165,12 +164,6 @@ def gpu_summary(pod_sets: Iterable[PodSet], card_memory_mib: float | None) -> tu
     return wants, fractional
 
 
-def is_fractional(pod_sets: Iterable[PodSet], card_memory_mib: float | None) -> bool:
-    return gpu_summary(pod_sets, card_memory_mib)[1]
-
-
-def requests_gpu(pod_sets: Iterable[PodSet]) -> bool:
-    return gpu_summary(pod_sets, None)[0]
 
 
 def resource_problems(workload: Workload, settings: Settings) -> list[tuple[InputProblem, bool]]:
@@ -444,6 +437,3 @@ def fairness_term(dominant_share: float, total_weight: float, settings: Settings
 def level_points(level: int, settings: Settings) -> int:
     return level * settings.fairness_points // settings.fairness_levels
 
-
-def local_queue_index(local_queues: Iterable[LocalQueue]) -> dict[tuple[str, str], LocalQueue]:
-    return {(lq.namespace, lq.name): lq for lq in local_queues}

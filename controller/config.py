@@ -588,6 +588,12 @@ class Settings:
                 "cannot close the gap between approved and normal; a normal workload can be "
                 "overtaken indefinitely by later approved work"
             )
+        odd = sorted(r for r in self.resource_weights if "/" not in r
+                     and r not in ("cpu", "memory", "ephemeral-storage", "pods")
+                     and not r.startswith("hugepages-"))
+        if odd:
+            out.append(f"RESOURCE_WEIGHTS names no Kubernetes resource: {', '.join(odd)} "
+                       "(a typo? GPUs are nvidia.com/gpu); it never matches any usage")
         if not self.urgent_preempts():
             out.append(
                 "urgent work cannot preempt: the urgent band starts at "

@@ -501,6 +501,11 @@ def plan_warnings(
             f"{unknown} pending workload(s) use a LocalQueue not in the snapshot "
             "(ClusterQueue unknown; ranked under '-', shares against the whole cluster)"
         )
+    seen = {team for (_pool, team) in acc.shares}
+    unknown_teams = sorted(t for t in settings.team_weights if t not in seen)
+    if unknown_teams and seen:
+        warnings.append(f"TEAM_WEIGHTS names team(s) with no Workloads here: "
+                        f"{', '.join(unknown_teams)} (a typo, or idle teams)")
     if not acc.capacity_known:
         warnings.append("no capacity known for any weighted resource: all shares are 0")
     return warnings

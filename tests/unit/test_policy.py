@@ -276,3 +276,11 @@ def test_team_weight_lowers_share() -> None:
     s = make_settings(team_weights={"team-a": 2.0})
     plan = compute_plan(snapshot([wl("r", admitted=True), wl("p")]), s, NOW)
     assert plan.teams["team-a"].dominant_share == pytest.approx(1 / 8 / 2)
+
+
+def test_weights_for_unknown_teams_and_resources_are_warned_about() -> None:
+    s = make_settings(team_weights={"team-a": 2.0, "tema-b": 3.0},
+                      resource_weights={"cpu": 1.0, "gpu": 1.0})
+    plan = compute_plan(snapshot([wl("p")]), s, NOW)
+    assert any("tema-b" in w and "team-a" not in w for w in plan.warnings)
+    assert any("RESOURCE_WEIGHTS" in w and "gpu" in w for w in plan.warnings)
