@@ -9,7 +9,7 @@ DRY_VENV ?= .venv-dry-run
 DRY_PY := $(DRY_VENV)/bin/python
 SNAPSHOT ?= examples/cluster-snapshot.yaml
 
-.PHONY: dry-run test venv tools cluster lint unit bench promtool helm chart
+.PHONY: dry-run test venv tools cluster lint unit bench promtool helm chart image-tools image-test
 
 venv: $(VENV)/.installed
 
@@ -37,6 +37,16 @@ promtool:
 
 tools:
 	bash tools/build.sh
+
+# The Dockerfile's image, built with buildah on a Debian-made base and run (tests/plane/test_image.py).
+image-tools:
+	@command -v buildah >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1 || { \
+	  echo "buildah/debootstrap missing: installing Debian's packages"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah debootstrap >/dev/null; } \
+	  || { echo "ERROR: cannot install buildah and debootstrap (apt-get failed; needs root and the Debian mirror)" >&2; exit 1; }; }
+
+image-test: venv tools image-tools
+	$(PY) -m pytest -m image tests/plane/test_image.py
 
 # The Helm chart is generated from manifests/: run after changing anything there
 # (tests/unit/test_chart.py fails while the chart is stale).
