@@ -89,6 +89,9 @@ def test_two_replicas_kill_hands_over_within_30s_and_never_two_writers(
         h.create_job(api, namespace, "first", "lq")
         first = h.job_workload(api, namespace, "first")
         kube.wait_for(lambda: _boosted(api, namespace, first), 30, "leader boosts first")
+        # The cycle that wrote it logs after its Events and history save: wait for that line.
+        kube.wait_for(lambda: _write_times(_log(logs[leader])) or None, 30,
+                      "the leader's writing cycle in its log")
 
         procs[leader].kill()  # SIGKILL: no release, the Lease must expire
         killed_at = time.monotonic()
