@@ -669,6 +669,20 @@ def test_s5_stolen_controller_token_in_kueue_system(
                  if x["metadata"]["name"].startswith("other-"))
     refused(lambda: kube.request(c, "PUT", f"{leases}/{other['metadata']['name']}", other))
     refused(lambda: kube.request(c, "DELETE", f"{leases}/{other['metadata']['name']}"))
+    # Events: only in its own name (not as the kubelet or Kueue).
+    event = {"apiVersion": "v1", "kind": "Event",
+             "metadata": {"generateName": "x.", "namespace": "default"},
+             "involvedObject": {"kind": "Node", "name": "n1", "apiVersion": "v1"},
+             "reason": "NodeNotReady", "message": "forged", "type": "Warning",
+             "source": {"component": "kubelet"}, "reportingComponent": "kubelet",
+             "reportingInstance": "n1", "firstTimestamp": "2026-01-01T00:00:00Z",
+             "lastTimestamp": "2026-01-01T00:00:00Z", "count": 1}
+    events = "/api/v1/namespaces/default/events"
+    refused(lambda: kube.request(c, "POST", events, event, "application/json", dry),
+            "reported by wdrf-controller")
+    own = event | {"source": {"component": "wdrf-controller"},
+                   "reportingComponent": "wdrf-controller"}
+    kube.request(c, "POST", events, own, "application/json", dry)
 
 
 def _exists(api: k8s.ApiClient, path: str) -> bool:

@@ -629,6 +629,7 @@ def test_controller_writes_policy_narrows_every_cluster_wide_patch(rendered: lis
     patched = {(g, r) for g, r, v in expected_cluster_rules() if v in ("patch", "update")}
     assert patched <= matched, patched - matched
     assert {("coordination.k8s.io", "leases"), ("", "configmaps")} <= matched  # create by name
+    assert ("", "events") in matched  # only in its own name
     cond = vap["spec"]["matchConditions"][0]["expression"]
     assert ":wdrf-controller'" in cond
     assert "paramKind" not in vap["spec"]  # no params: nothing to delete to turn it off
