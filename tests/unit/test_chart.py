@@ -213,3 +213,22 @@ def test_helm_lint(helm: str) -> None:
 
 def test_kubectl_is_there_for_the_generator() -> None:
     assert shutil.which("kubectl"), "kubectl (kustomize) is needed by tools/gen_chart.py"
+
+
+def test_the_readme_names_only_real_values() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### With Helm", 1)[1].split("\n#", 1)[0]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    named = set(re.findall(r"`([a-zA-Z]+(?:\.[a-zA-Z*<>A-Z_]+)+|replicas|resources)`", section))
+    named |= set(re.findall(r"--set ([a-zA-Z.]+)=", section))
+    named = {n for n in named if not n.endswith((".yaml", ".py", ".md"))}  # file names
+    assert len(named) > 10, named
+    for path in named:
+        node: Any = values
+        for part in path.split("."):
+            if part in ("<KEY>", "*") or node == {}:  # a free-form map (labels)
+                break
+            assert isinstance(node, dict) and part in node, f"README names {path}"
+            node = node[part]
