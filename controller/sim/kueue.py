@@ -391,7 +391,8 @@ class KueueSim:
         self._enqueue(job)
 
     # -- preemption ----------------------------------------------------------------------------
-    def _candidates(self, job: SimJob, cq: CQ, borrowing: bool) -> list[tuple[int, CQ]]:
+    def _candidates(self, job: SimJob, cq: CQ, borrowing: bool,
+                    only: set[str] | None = None) -> list[tuple[int, CQ]]:
         """Preemption candidates in Kueue's order. With Fair Sharing, other ClusterQueues'
         workloads are gated by `reclaimWithinCohort` only (the share strategies decide)."""
         p = self.policy.priority(job)
@@ -410,6 +411,8 @@ class KueueSim:
             for other in self.cqs.values():
                 if other is cq or other.used <= other.nominal:
                     continue  # only ClusterQueues that borrow can be reclaimed from
+                if only is not None and other.name not in only:
+                    continue
                 for jid, at in other.admitted.items():
                     q = self.priority(jid)
                     if borrowing:
@@ -492,7 +495,14 @@ class KueueSim:
 
     def _fair_targets(self, job: SimJob, cq: CQ) -> list[tuple[int, CQ]] | None:
         borrowing = cq.used + job.need > cq.nominal
-        cands = self._candidates(job, cq, borrowing)
+        mine = self.share(cq, job.need)
+        # Both strategies need the target's share before preemption above the preemptor's
+        # share with the workload, and shares only fall as victims are taken: no other
+        # ClusterQueue at or below `mine` can ever give a victim.
+        above = {c.name for c in self.cqs.values() if c is not cq and self.share(c) > mine}
+        if not above and self.k.within_cluster_queue == NEVER:
+            return None
+        cands = self._candidates(job, cq, borrowing, above)
         own = [c for c in cands if c[1] is cq]
         others: dict[str, list[int]] = {}
         for jid, c in cands:
@@ -500,7 +510,6 @@ class KueueSim:
                 others.setdefault(c.name, []).append(jid)
         targets: list[tuple[int, CQ]] = []
         freed: dict[str, int] = {}
-        mine = self.share(cq, job.need)
 
         def fits() -> bool:
             return self._fits_without(job, cq, targets, True)

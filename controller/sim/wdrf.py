@@ -94,6 +94,7 @@ class WdrfKueue(Policy):
         self.lqs: tuple[LocalQueue, ...] = ()
         self.dirty = True
         self.agg_cache: dict[tuple[str, str, PriorityClass], tuple[int, Workload]] = {}
+        self.applied: dict[int, tuple[int, int, str]] = {}
 
     def reset(self, sim: AnySim) -> None:
         from controller.sim.kueue import KueueSim
@@ -175,7 +176,15 @@ class WdrfKueue(Policy):
         self.dirty = True
 
     def on_release(self, job: SimJob, now: float) -> None:
+        from controller.sim.kueue import DONE
+
         self.dirty = True
+        if self.sim.state[job.job_id] == DONE:
+            jid = job.job_id
+            del self.wl[jid]
+            self.prio.pop(jid, None)
+            self.hami.pop(jid, None)
+            self.applied.pop(jid, None)
 
     def on_evict(self, job: SimJob, now: float, reason: str) -> None:
         w = self.wl[job.job_id]
@@ -214,14 +223,10 @@ class WdrfKueue(Policy):
         return w
 
     def tick(self, now: float) -> bool:
-        from controller.sim.kueue import DONE, PENDING, KueueSim
+        from controller.sim.kueue import PENDING, KueueSim
 
         sim = self.sim
         assert isinstance(sim, KueueSim)
-        for jid in [j for j in self.wl if sim.state[j] == DONE]:
-            del self.wl[jid]
-            self.prio.pop(jid, None)
-            self.hami.pop(jid, None)
         groups: dict[str, list[int]] = {}
         if self.aggregate_admitted:
             workloads: list[Workload] = []
@@ -270,6 +275,10 @@ class WdrfKueue(Policy):
     def _apply(self, jid: int, target: int, boost: int, terms: str, now: float) -> bool:
         """Patch the simulated Workload as the live controller would; True when its effective
         priority changed."""
+        key = (target, boost, terms)
+        if self.applied.get(jid) == key:
+            return False  # written already: nothing to patch, priority unchanged
+        self.applied[jid] = key
         w = self.wl[jid]
         ann = dict(w.annotations)
         wrote = False
