@@ -109,6 +109,16 @@ def non_lease(c: Counter[str]) -> int:
     return sum(v for k, v in c.items() if not k.endswith(" leases"))
 
 
+def until_quiet(c: LiveController, now: datetime) -> int:
+    """Cycles at the plan time `now` until one has nothing to write; how many it took."""
+    cycles = 0
+    while True:
+        cycles += 1
+        if not c.run_cycle(now=now).changes:
+            return cycles
+        time.sleep(1)  # let the watches deliver our own writes
+
+
 def peak_rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -153,13 +163,7 @@ def main() -> int:
             now = datetime.now(UTC)
             mark = len(plane.audit_events(AGENT))
             t0 = time.monotonic()
-            cycles = 0
-            while True:
-                report = c.run_cycle(now=now)
-                cycles += 1
-                if not report.changes:
-                    break
-                time.sleep(1)  # let the watches deliver our own writes
+            cycles = until_quiet(c, now)
             first_secs = time.monotonic() - t0
             first = writes_since(plane, mark)
             print(f"first cycles: {cycles} until nothing to write, {first_secs:.1f}s; writes "
@@ -189,13 +193,7 @@ def main() -> int:
                 mark = len(plane.audit_events(AGENT))
                 after = next_rebase(now, settings.rebase_period) + timedelta(seconds=1)
                 t0 = time.monotonic()
-                rebase_cycles = 0
-                while True:
-                    report = c.run_cycle(now=after)
-                    rebase_cycles += 1
-                    if not report.changes:
-                        break
-                    time.sleep(1)
+                rebase_cycles = until_quiet(c, after)
                 time.sleep(2)
                 rebased = writes_since(plane, mark)
                 print(f"rebase: {rebase_cycles} cycles, {time.monotonic() - t0:.1f}s; writes "
