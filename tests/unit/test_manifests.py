@@ -637,6 +637,45 @@ def test_controller_writes_policy_narrows_every_cluster_wide_patch(rendered: lis
     assert b["spec"]["validationActions"] == ["Deny"] and "paramRef" not in b["spec"]
 
 
+def test_secure_metrics_component_moves_metrics_to_https_and_keeps_probes_plain(
+        tmp_path: Path, rendered: list[Obj]) -> None:
+    """overlays/secure-metrics (a Component): /metrics on port https (8443) with the TLS Secret
+    mounted, HEALTH_PORT 8080 = the probes' port "http"; the Service and the NetworkPolicy
+    expose only https; the controller may create TokenReviews and SubjectAccessReviews."""
+    rel = Path(os.path.relpath(MANIFESTS, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [str(rel)], "components": [str(rel / "overlays" / "secure-metrics")]}),
+        encoding="utf-8")
+    objs = kustomize(tmp_path)
+    for o in objs:
+        k8s_validate(o)
+    pod = find(objs, "Deployment")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["METRICS_PORT"] == "8443" and env["HEALTH_PORT"] == "8080"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"http": 8080, "https": 8443}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    tls_dir = env["METRICS_CERT_FILE"].rsplit("/", 1)[0]
+    assert env["METRICS_KEY_FILE"].startswith(tls_dir) and tls_dir in mounts
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols[mounts[tls_dir]]["secret"]["secretName"] == "wdrf-controller-metrics-tls"
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if probe in c:
+            assert c[probe]["httpGet"]["port"] == "http", probe  # plain health port
+    svc = find(objs, "Service")
+    assert [(p["port"], p["targetPort"]) for p in svc["spec"]["ports"]] == [(8443, "https")]
+    (rule,) = find(objs, "NetworkPolicy")["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == ["https"]
+    auth = find(objs, "ClusterRole", "wdrf-controller-metrics-auth")
+    assert set(rule_triples(auth["rules"])) == {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create")}
+    base = [o for o in objs if o["kind"] == "ClusterRole"
+            and o["metadata"]["name"] == "wdrf-controller"]
+    assert base == [find(rendered, "ClusterRole", "wdrf-controller")]  # unchanged
+
+
 def test_metrics_reader_grants_only_get_metrics(rendered: list[Obj]) -> None:
     reader = find(rendered, "ClusterRole", "wdrf-metrics-reader")
     assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
