@@ -203,7 +203,7 @@ class Applier:
                         return Outcome(current, FAILED, e)
                     current = fresh
                     continue
-                if e.retriable and state.has_budget():
+                if e.retriable and state.has_budget() and not self._stopping():
                     delay = state.take(backoff.next())
                     log.info("retrying %s on %s in %.2fs: %s", current.what, current.ref, delay, e)
                     self._sleep(delay)
