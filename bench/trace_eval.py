@@ -50,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "repeatable (default: the --held-out busiest windows that do not overlap)")
     p.add_argument("--held-out", type=int, default=5, help="held-out windows to pick (5)")
     p.add_argument("--seeds", type=int, default=10, help="label seeds per window (10)")
+    p.add_argument("--tuning-seeds", type=int, default=1,
+                   help="label seeds on the tuning window (1; it is not part of the goals)")
     p.add_argument("--seed", type=int, default=1, help="first label seed (1)")
     p.add_argument("--load", type=float, default=1.0,
                    help="offered load each window's cluster is sized for (1.0)")
@@ -94,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         windows=tuple(a.window),
         held_out=a.held_out,
         seeds=a.seeds,
+        tuning_seeds=a.tuning_seeds,
         first_seed=a.seed,
         quick=a.quick,
         target_load=a.load,

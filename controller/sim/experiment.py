@@ -64,6 +64,7 @@ class Options:
     windows: tuple[str, ...] = ()  # held-out "YYYY-MM-DD:DAYS"; empty: the busiest others
     held_out: int = 5
     seeds: int = 10
+    tuning_seeds: int = 1  # label seeds on the tuning window (reported, not part of the goals)
     first_seed: int = 1
     quick: bool = False  # the tuning window only, one seed
     target_load: float = 1.0
@@ -338,7 +339,8 @@ def run_all(opts: Options, jobs: int = 1, progress: Callable[[str], None] | None
     windows = choose_windows(opts, trace)
     seeds = [opts.first_seed] if opts.quick else list(
         range(opts.first_seed, opts.first_seed + opts.seeds))
-    tasks = [(opts, w, s, bool(keep and keep(w, s))) for w in windows for s in seeds]
+    tasks = [(opts, w, s, bool(keep and keep(w, s))) for w in windows
+             for s in (seeds if w.role == "held-out" else seeds[:opts.tuning_seeds])]
     records: list[RunRecord] = []
     if jobs <= 1:
         for t in tasks:
