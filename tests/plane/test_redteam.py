@@ -376,8 +376,12 @@ def test_s2_team_label_and_local_queues_only_by_the_namespaces_lead(
     refused(lambda: patch(leo, jobs(a, n), {"metadata": {"labels": {TEAM: "x"}}}), "user leo")
     patch(lena, jobs(a, n), {"metadata": {"labels": {TEAM: "vision"}}})
     # A Workload's team label: same rule.
-    wl = kube.workload_for_job(admin, a, n) if False else None  # suspended, no queue: none
-    assert wl is None
+    w = name()
+    post(alice, jobs(a), kube.job_manifest(a, w, "lq", requests={"cpu": "4"}))
+    wl = kube.workload_for_job(admin, a, w)["metadata"]["name"]
+    refused(lambda: kube.patch_workload(alice, a, wl, {"metadata": {"labels": {TEAM: "x"}}}),
+            f"team label {TEAM}", "user alice")
+    kube.patch_workload(lena, a, wl, {"metadata": {"labels": {TEAM: "vision"}}})
     # guardLocalQueues (TEAM_SOURCE=localqueue): only the lead creates LocalQueues.
     lq = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
           "metadata": {"name": name("lq"), "namespace": a}, "spec": {"clusterQueue": "x"}}
