@@ -476,6 +476,14 @@ class Settings:
     )
     # --- live controller ---
     metrics_port: int = setting("METRICS_PORT", 8080, p_port, "Prometheus port (0 = off)")
+    metrics_cert_file: str = setting(
+        "METRICS_CERT_FILE", "", p_str,
+        "PEM certificate: /metrics over HTTPS with TokenReview + SubjectAccessReview",
+    )
+    metrics_key_file: str = setting("METRICS_KEY_FILE", "", p_str, "its private key (PEM)")
+    health_port: int = setting(
+        "HEALTH_PORT", 8081, p_port, "plain-HTTP health port when /metrics is on HTTPS"
+    )
     leader_election: bool = setting("LEADER_ELECTION", True, p_bool, "use a Lease")
     lease_name: str = setting("LEASE_NAME", "wdrf-controller", p_str, "Lease name")
     controller_namespace: str = setting(
@@ -654,6 +662,12 @@ def _cross_check(s: Settings) -> list[tuple[str, str, str]]:
     if not 0 < s.retry_period < s.renew_deadline < s.lease_duration:
         issues.append(("RENEW_DEADLINE", str(s.renew_deadline),
                        "need 0 < RETRY_PERIOD < RENEW_DEADLINE < LEASE_DURATION"))
+    if bool(s.metrics_cert_file) != bool(s.metrics_key_file):
+        issues.append(("METRICS_KEY_FILE", s.metrics_key_file,
+                       "METRICS_CERT_FILE and METRICS_KEY_FILE go together (both or neither)"))
+    if s.metrics_cert_file and s.metrics_port and s.health_port == s.metrics_port:
+        issues.append(("HEALTH_PORT", str(s.health_port),
+                       "must differ from METRICS_PORT when /metrics is served over HTTPS"))
     if s.team_source is TeamSource.LABEL and not s.team_label_key:
         issues.append(("TEAM_LABEL_KEY", "", "required when TEAM_SOURCE=label"))
     return issues
