@@ -20,6 +20,7 @@ from controller.domain import (
     URGENT_ANNOTATION,
     InputProblem,
     JobInfo,
+    OwnerInfo,
     PriorityClass,
     Workload,
 )
@@ -40,15 +41,18 @@ def clamp_int32(value: int) -> int:
 # Annotations
 
 
+Owner = JobInfo | OwnerInfo  # what users annotate: a batch/v1 Job or another integrated kind
+
+
 def read_class(
-    workload: Workload, job: JobInfo | None
+    workload: Workload, job: Owner | None
 ) -> tuple[PriorityClass, list[InputProblem]]:
     """Class from `wdrf.x-k8s.io/urgent|approved` on the Workload and its owner Job: exactly
     "true" sets it, exactly "false" is the explicit default, anything else is a problem.
     The highest class any source sets wins."""
     problems: list[InputProblem] = []
     urgent = approved = False
-    sources: list[Workload | JobInfo] = [workload] if job is None else [workload, job]
+    sources: list[Workload | Owner] = [workload] if job is None else [workload, job]
     for src in sources:
         ann = src.annotations
         for key in _CLASS_KEYS:
@@ -73,11 +77,11 @@ def read_class(
 
 
 def read_override(
-    workload: Workload, job: JobInfo | None
+    workload: Workload, job: Owner | None
 ) -> tuple[int | None, list[InputProblem]]:
     """`wdrf.x-k8s.io/priority-override`: a plain decimal integer 0..MAX_OVERRIDE (no sign,
     exponent or spaces), from the Workload, else the owner Job."""
-    sources: list[Workload | JobInfo] = [workload] if job is None else [workload, job]
+    sources: list[Workload | Owner] = [workload] if job is None else [workload, job]
     for src in sources:
         val = src.annotations.get(PRIORITY_OVERRIDE_ANNOTATION)
         if val is None:
@@ -159,7 +163,7 @@ class Classified:
 
 
 
-def classify(workload: Workload, job: JobInfo | None) -> Classified:
+def classify(workload: Workload, job: Owner | None) -> Classified:
     ann = workload.annotations
     if (not ann or ann.keys().isdisjoint(_POLICY_KEYS)) and (
         job is None or not job.annotations or job.annotations.keys().isdisjoint(_POLICY_KEYS)

@@ -187,7 +187,7 @@ class Workload:
     admission: Admission | None = None
     labels: Mapping[str, str] = field(default_factory=_no_strings)
     annotations: Mapping[str, str] = field(default_factory=_no_strings)
-    owner: ObjectRef | None = None  # controller owner (a batch/v1 Job, or None for pod groups)
+    owner: ObjectRef | None = None  # controller owner (a Job, a JobSet...; None: pod groups)
     resource_version: str = ""
     # When Kueue last evicted it (Evicted=True, else Requeued): its wait restarts there when
     # Kueue's requeuingStrategy.timestamp is Eviction.
@@ -227,6 +227,49 @@ class JobInfo:
     @property
     def ref(self) -> ObjectRef:
         return ObjectRef("Job", self.name, self.namespace, self.uid, "batch/v1")
+
+
+# Kinds Kueue integrates, besides batch/v1 Job, whose objects own Workloads ("group/Kind" ->
+# plural resource). Users annotate those objects, so class annotations and team labels are read
+# from them too (Kueue's plain-pod integration owns Workloads by Pods: annotate the Workload).
+OWNER_KINDS: Mapping[str, str] = MappingProxyType({
+    "jobset.x-k8s.io/JobSet": "jobsets",
+    "ray.io/RayJob": "rayjobs",
+    "ray.io/RayCluster": "rayclusters",
+    "kubeflow.org/PyTorchJob": "pytorchjobs",
+    "kubeflow.org/TFJob": "tfjobs",
+    "kubeflow.org/MPIJob": "mpijobs",
+    "kubeflow.org/XGBoostJob": "xgboostjobs",
+    "kubeflow.org/PaddleJob": "paddlejobs",
+    "kubeflow.org/JAXJob": "jaxjobs",
+    "trainer.kubeflow.org/TrainJob": "trainjobs",
+    "leaderworkerset.x-k8s.io/LeaderWorkerSet": "leaderworkersets",
+    "workload.codeflare.dev/AppWrapper": "appwrappers",
+})
+
+
+def owner_kind_key(api_version: str, kind: str) -> str:
+    """"group/Kind" for an apiVersion ("group/version") and kind."""
+    return f"{api_version.rpartition('/')[0]}/{kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerInfo:
+    """A Workload's controller owner of a kind in OWNER_KINDS (a JobSet, a RayJob, ...): only
+    what users annotate there. (batch/v1 Jobs are `JobInfo`: HAMi also reads their template.)"""
+
+    kind: str
+    api_version: str
+    namespace: str
+    name: str
+    uid: str
+    annotations: Mapping[str, str] = field(default_factory=_no_strings)
+    labels: Mapping[str, str] = field(default_factory=_no_strings)
+    resource_version: str = ""
+
+    @property
+    def ref(self) -> ObjectRef:
+        return ObjectRef(self.kind, self.name, self.namespace, self.uid, self.api_version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +362,7 @@ class ClusterSnapshot:
     cluster_queues: tuple[ClusterQueue, ...] = ()
     local_queues: tuple[LocalQueue, ...] = ()
     jobs: tuple[JobInfo, ...] = ()
+    owners: tuple[OwnerInfo, ...] = ()  # Workload owners of other Kueue-integrated kinds
     nodes: tuple[NodeInventory, ...] = ()
     problems: tuple[InputProblem, ...] = ()  # objects that could not be parsed at all
     # When the state was observed: the live controller's clock, or for a file the newest

@@ -22,6 +22,7 @@ import yaml
 
 from controller.domain import (
     EMPTY_MAPPING,
+    OWNER_KINDS,
     Admission,
     ClusterQueue,
     ClusterSnapshot,
@@ -32,6 +33,7 @@ from controller.domain import (
     LocalQueue,
     NodeInventory,
     ObjectRef,
+    OwnerInfo,
     PodSet,
     PodSetAssignment,
     Preemption,
@@ -468,6 +470,23 @@ def parse_job(obj: Mapping[str, Any]) -> tuple[JobInfo | None, list[InputProblem
     return job, ctx.problems
 
 
+def parse_owner(obj: Mapping[str, Any]) -> tuple[OwnerInfo | None, list[InputProblem]]:
+    """A Workload owner of another Kueue-integrated kind: its annotations and labels."""
+    kind = str(obj.get("kind", ""))
+    ref, meta = _meta(obj, kind)
+    ctx = _Ctx(ref)
+    if ref.name == "<unnamed>" or not ref.namespace:
+        ctx.problem("metadata", "", "name and namespace are required; object skipped")
+        return None, ctx.problems
+    return OwnerInfo(
+        kind=kind, api_version=str(obj.get("apiVersion", "")), namespace=ref.namespace,
+        name=ref.name, uid=ref.uid,
+        annotations=_strings(ctx, meta.get("annotations"), "metadata.annotations"),
+        labels=_strings(ctx, meta.get("labels"), "metadata.labels"),
+        resource_version=str(meta.get("resourceVersion") or ""),
+    ), ctx.problems
+
+
 def parse_node(obj: Mapping[str, Any]) -> tuple[tuple[NodeInventory, ...], list[InputProblem]]:
     """A Node's GPU inventories (agent and/or HAMi), when controller.inventory is available."""
     try:
@@ -518,6 +537,7 @@ def build_snapshot(docs: Iterable[object]) -> ClusterSnapshot:
     cqs: list[ClusterQueue] = []
     lqs: list[LocalQueue] = []
     jobs: list[JobInfo] = []
+    owners: list[OwnerInfo] = []
     nodes: list[NodeInventory] = []
     problems: list[InputProblem] = []
     observed: datetime | None = None
@@ -552,6 +572,10 @@ def build_snapshot(docs: Iterable[object]) -> ClusterSnapshot:
                 j, p = parse_job(obj)
                 if j:
                     jobs.append(j)
+            elif f"{group}/{kind}" in OWNER_KINDS:
+                o, p = parse_owner(obj)
+                if o:
+                    owners.append(o)
             elif api == "v1" and kind == "Node":
                 inv, p = parse_node(obj)
                 nodes.extend(inv)
@@ -565,6 +589,7 @@ def build_snapshot(docs: Iterable[object]) -> ClusterSnapshot:
         cluster_queues=tuple(cqs),
         local_queues=tuple(lqs),
         jobs=tuple(jobs),
+        owners=tuple(owners),
         nodes=tuple(nodes),
         problems=tuple(problems),
         observed=observed,

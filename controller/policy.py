@@ -52,6 +52,7 @@ from controller.domain import (
     ClusterSnapshot,
     InputProblem,
     JobInfo,
+    OwnerInfo,
     PriorityClass,
     TeamSource,
     Workload,
@@ -84,6 +85,7 @@ class Gathered:
 
     workloads: tuple[Workload, ...]  # unfinished, deduplicated
     jobs: Mapping[tuple[str, str], JobInfo]
+    owners: Mapping[tuple[str, str, str], OwnerInfo]  # (namespace, kind, name)
     lq_to_cq: Mapping[tuple[str, str], str]
     queues: Mapping[str, ClusterQueue]
     plan_problems: tuple[InputProblem, ...]
@@ -145,6 +147,7 @@ def gather(snapshot: ClusterSnapshot) -> Gathered:
     return Gathered(
         workloads=tuple(workloads),
         jobs=MappingProxyType({(j.namespace, j.name): j for j in snapshot.jobs}),
+        owners=MappingProxyType({(o.namespace, o.kind, o.name): o for o in snapshot.owners}),
         lq_to_cq=MappingProxyType(
             {(lq.namespace, lq.name): lq.cluster_queue for lq in snapshot.local_queues}
         ),
@@ -164,6 +167,18 @@ def owner_job(w: Workload, jobs: Mapping[tuple[str, str], JobInfo]) -> JobInfo |
     return j
 
 
+def owner_of(w: Workload, g: Gathered) -> JobInfo | OwnerInfo | None:
+    """The object users annotate: the owner Job, or an owner of another integrated kind
+    (the same UID as the ownerReference, so a recreated owner is not mistaken)."""
+    job = owner_job(w, g.jobs)
+    if job is not None or w.owner is None or w.owner.kind == "Job":
+        return job
+    o = g.owners.get((w.namespace, w.owner.kind, w.owner.name))
+    if o is None or (w.owner.uid and o.uid and w.owner.uid != o.uid):
+        return None
+    return o
+
+
 # --------------------------------------------------------------------------------------------
 # account
 
@@ -173,7 +188,7 @@ class Member:
     """One unfinished Workload with what accounting decided about it."""
 
     workload: Workload
-    job: JobInfo | None
+    job: JobInfo | OwnerInfo | None  # the owner users annotate (HAMi reads Jobs only)
     team: str
     cluster_queue: str | None
     pool: str
@@ -236,7 +251,7 @@ def account(
         else:
             continue  # deactivated and pending: not competing, not "present"
         pool = pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
-        job = owner_job(w, g.jobs)
+        job = owner_of(w, g)
         team = team_of(w, settings, job.labels if (by_label and job) else None)
         member = Member(w, job, team, cq, pool)
         present.add((pool, team))
@@ -350,8 +365,8 @@ def score_pending(
         for prob, is_blocking in resource_problems(w, settings):
             problems.append(prob)
             blocking = blocking or is_blocking
-        hami, p = decide_hami(w, job, c.priority_class, m.cluster_queue, settings,
-                              acc.card_mib, hami_cache)
+        hami, p = decide_hami(w, job if isinstance(job, JobInfo) else None, c.priority_class,
+                              m.cluster_queue, settings, acc.card_mib, hami_cache)
         if p:
             problems += p
             blocking = True

@@ -248,3 +248,18 @@ def test_real_snapshot_parses(path: Path) -> None:
     structural = [p for p in snap.problems if "skipped" in p.message]
     assert not structural, [str(p) for p in structural]
     compute_plan(snap, Settings(), snap.observed or NOW)
+
+
+def test_owners_of_integrated_kinds_are_read_for_their_annotations() -> None:
+    from controller.parse import build_snapshot
+
+    snap = build_snapshot([{
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "train", "namespace": "team-a", "uid": "js-uid",
+                     "annotations": {"wdrf.x-k8s.io/approved": "true"}},
+    }, {"apiVersion": "example.com/v1", "kind": "Unrelated",
+        "metadata": {"name": "x", "namespace": "team-a"}}])
+    [o] = snap.owners
+    assert (o.kind, o.name, o.uid, dict(o.annotations)) == (
+        "JobSet", "train", "js-uid", {"wdrf.x-k8s.io/approved": "true"})
+    assert not snap.problems

@@ -284,3 +284,25 @@ def test_weights_for_unknown_teams_and_resources_are_warned_about() -> None:
     plan = compute_plan(snapshot([wl("p")]), s, NOW)
     assert any("tema-b" in w and "team-a" not in w for w in plan.warnings)
     assert any("RESOURCE_WEIGHTS" in w and "gpu" in w for w in plan.warnings)
+
+
+def test_class_and_team_label_from_an_owner_of_another_integrated_kind() -> None:
+    """A JobSet (or RayJob, PyTorchJob...) owns its Workload: its annotations count like a
+    Job's; an owner with another UID (recreated under the same name) does not."""
+    from dataclasses import replace
+
+    from controller.domain import OwnerInfo, TeamSource
+
+    jobset = OwnerInfo("JobSet", "jobset.x-k8s.io/v1alpha2", "team-a", "train", "js-uid",
+                       annotations={URGENT_ANNOTATION: "true"},
+                       labels={"wdrf.x-k8s.io/team": "vision"})
+    w = replace(wl("p"), owner=ObjectRef("JobSet", "train", "team-a", "js-uid",
+                                         "jobset.x-k8s.io/v1alpha2"))
+    snap = replace(snapshot([w]), owners=(jobset,))
+    d = one(compute_plan(snap, Settings(), NOW))
+    assert d.breakdown is not None and d.breakdown.priority_class is PriorityClass.URGENT
+    by_label = make_settings(team_source=TeamSource.LABEL)
+    assert one(compute_plan(snap, by_label, NOW)).team == "vision"
+    stale = replace(snap, owners=(replace(jobset, uid="other"),))
+    d = one(compute_plan(stale, Settings(), NOW))
+    assert d.breakdown is not None and d.breakdown.priority_class is PriorityClass.NORMAL
