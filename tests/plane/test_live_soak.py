@@ -32,9 +32,9 @@ from tests.plane import live_helpers as h
 from tests.support import kube
 from tests.support.plane import Plane
 
-pytestmark = pytest.mark.plane
-
 SECONDS = float(os.environ.get("WDRF_SOAK_SECONDS", "60"))
+
+pytestmark = [pytest.mark.plane, pytest.mark.timeout(int(SECONDS) + 400)]
 LEASE_NS = "kueue-system"
 
 
