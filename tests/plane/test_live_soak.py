@@ -133,9 +133,9 @@ def test_soak_churn_and_disruptions_one_writer_and_the_plan_holds(
 
     actions: list[tuple[str, Callable[[], None]]] = [
         ("SIGKILL leader", kill_leader(signal.SIGKILL)),
+        ("SIGTERM leader", kill_leader(signal.SIGTERM)),
         ("restart Kueue", plane.restart_kueue),
         ("restart kube-apiserver", lambda: (plane.stop_apiserver(), plane.start_apiserver())),
-        ("SIGTERM leader", kill_leader(signal.SIGTERM)),
     ]
     every = min(SECONDS / (len(actions) + 1), 90.0)  # in turn, again and again on long runs
     next_disruption = time.monotonic() + every
