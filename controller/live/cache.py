@@ -9,8 +9,11 @@
   counted in `wdrf_watch_restarts_total{resource,reason}`.
 * `age()`: seconds since the cache was last known to be current: a LIST, or a watch stream
   that has stayed open `healthy_after` seconds (an event on a stream that then breaks proves
-  nothing about what came after it). The runner pauses writes and reports not-ready when the
-  Workload or ClusterQueue cache is older than CACHE_MAX_STALENESS.
+  nothing about what came after it) and is not silent: kube-apiserver sends a bookmark
+  roughly every minute, so a stream with no event or bookmark for `silent_after` (90 s) counts
+  as current only up to its last one (a connection that died without a FIN). The runner
+  pauses writes and reports not-ready when the Workload or ClusterQueue cache is older than
+  CACHE_MAX_STALENESS.
 * `managedFields` are dropped on arrival: they are most of a Workload's bytes and unused.
 * Every change is reported to `on_event(kind, old, new)` (old None = added, new None =
   deleted), so the runner can start a cycle promptly after an urgent arrival.
@@ -99,6 +102,7 @@ class Informer:
         rng: random.Random | None = None,
         healthy_after: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        silent_after: float = 90.0,
     ) -> None:
         self._transport = transport
         self.spec = spec
@@ -117,6 +121,8 @@ class Informer:
         self._clock = clock
         self._fresh_at: float | None = None  # last LIST, or end of a healthy stream
         self._stream_since: float | None = None  # when the open watch stream started
+        self._last_data = 0.0  # last event or bookmark on the open stream (or its start)
+        self._silent_after = silent_after
 
     # -- reading --------------------------------------------------------------------------
 
@@ -134,7 +140,9 @@ class Informer:
         with self._lock:
             since = self._stream_since
             if since is not None and now - since >= self._healthy_after:
-                return 0.0
+                silent = now - self._last_data
+                # Current up to its last event or bookmark when it has gone silent.
+                return 0.0 if silent <= self._silent_after else silent
             return math.inf if self._fresh_at is None else max(0.0, now - self._fresh_at)
 
     def items(self) -> list[JSON]:
@@ -254,18 +262,23 @@ class Informer:
             self.spec.resource.collection(self.spec.namespace), query=query, timeout=timeout
         )
         with self._lock:
-            self._stream_since = self._clock()
+            self._stream_since = self._last_data = self._clock()
         try:
             for event in events:
                 if stop.is_set():
                     return
                 self.apply_event(event)
+                with self._lock:
+                    self._last_data = self._clock()
         finally:
             now = self._clock()
             with self._lock:
                 since, self._stream_since = self._stream_since, None
                 if since is not None and now - since >= self._healthy_after:
-                    self._fresh_at = now
+                    # Current up to the end of the stream, or its last data if it went silent.
+                    silent = now - self._last_data > self._silent_after
+                    self._fresh_at = max(self._fresh_at or 0.0,
+                                         self._last_data if silent else now)
 
     def apply_event(self, event: JSON) -> None:
         kind = str(event.get("type", ""))

@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from controller.live.api import JSON, ApiError, write_time_left
 
 DEFAULT_TIMEOUT = 30.0
+STREAM_SILENCE = 120.0  # seconds without a byte on a watch: the connection is dead
 POOL_SIZE = 32
 
 
@@ -141,9 +142,9 @@ class KubeTransport:
     def stream(
         self, path: str, *, query: Mapping[str, str] | None = None, timeout: float | None = None
     ) -> Iterator[JSON]:
-        # Read timeout a little longer than the server-side watch timeout, so a silent dead
-        # connection (apiserver gone without a FIN) still ends the watch.
-        read_timeout = (timeout or DEFAULT_TIMEOUT) + 15.0
+        # kube-apiserver sends a bookmark roughly every minute (and 2 s before the watch's
+        # timeout): 2 minutes without a byte means a dead connection (no FIN) — end it.
+        read_timeout = min((timeout or DEFAULT_TIMEOUT) + 15.0, STREAM_SILENCE)
         raw = self._send("GET", path, query, None, None, (5.0, read_timeout))
         with self._lock:
             self._streams.add(raw)

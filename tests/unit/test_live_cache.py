@@ -183,11 +183,15 @@ def test_age_counts_from_the_last_list_event_or_healthy_stream() -> None:
     assert inf.age() == 30
     inf.apply_event({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "1"}}})
     # apply_event alone does not prove freshness; a stream does. Streams that end at once:
-    inf._stream_since = clock.t  # a stream opened now
+    inf._stream_since = inf._last_data = clock.t  # a stream opened now
     clock.t += 1
     assert inf.age() == 31  # not proven healthy yet
     clock.t += 5
     assert inf.age() == 0  # open for 6 s: current
+    clock.t += 100  # ...but silent for 106 s (no bookmark; kube-apiserver sends one a minute)
+    assert inf.age() == 106
+    inf._last_data = clock.t  # a bookmark
+    assert inf.age() == 0
 
 
 def test_fake_watch_stays_open_until_its_timeout_and_ends_on_close() -> None:
