@@ -79,7 +79,7 @@ def test_aging_lets_an_old_workload_of_a_heavy_team_overtake(
         h.wait_pending(api, light, new)
 
         # 6 s of waiting (x 2000 points/s = 12000) outweighs the whole fairness range (5000).
-        settings = h.live_settings(AGING_COEFFICIENT="2000", AGING_STEP="1s",
+        settings = h.live_settings(AGING_COEFFICIENT="2000", PRIORITY_REBASE_PERIOD="1h",
                                    MAX_AGING_TIME="60s", FAIRNESS_POINTS="5000")
         c = h.new_controller(kubeconfig, settings)
         with h.started(c):
