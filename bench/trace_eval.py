@@ -13,6 +13,7 @@ Workloads", USENIX ATC 2019 (Philly trace, CC BY 4.0). Classes and GPU fractions
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -154,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     report = render(opts, windows, records, epoch, settings.loop_interval, descriptions, plots,
                     seconds, command.strip())
     (a.out / "report.md").write_text(report)
+    rows = [{"window": r.window.name, "role": r.window.role, "span": r.window.label(epoch),
+             "seed": r.seed, "policy": r.policy, "nodes": r.nodes, "load": r.load,
+             "seconds": r.seconds,
+             "metrics": {k: (None if v != v else v) for k, v in r.metrics.items()}}
+            for r in records]
+    (a.out / "records.json").write_text(json.dumps(rows, indent=1, allow_nan=False))
     policies = list(dict.fromkeys(r.policy for r in records))
     role = "tuning" if opts.quick else "held-out"
     shown = [r for r in records if r.window.role == role]
