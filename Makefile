@@ -4,7 +4,8 @@
 #   make test      -- install everything the tests need (Python deps, Go-built control plane) and run the suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# make dry-run: the runtime dependencies only (requirements.lock), run from the source tree.
+# make dry-run: only what the offline path imports (click, PyYAML), at the versions pinned in
+# the runtime lock (requirements.lock), run from the source tree.
 DRY_VENV ?= .venv-dry-run
 DRY_PY := $(DRY_VENV)/bin/python
 SNAPSHOT ?= examples/cluster-snapshot.yaml
@@ -22,7 +23,8 @@ $(VENV)/.installed: requirements-dev.lock pyproject.toml
 
 $(DRY_VENV)/.installed: requirements.lock
 	python3 -m venv $(DRY_VENV)
-	$(DRY_PY) -m pip install -q --disable-pip-version-check --only-binary=:all: -r requirements.lock
+	awk '/^[A-Za-z0-9]/{keep = (tolower($$0) ~ /^(click|pyyaml)==/)} keep' requirements.lock > $(DRY_VENV)/requirements.txt
+	$(DRY_PY) -m pip install -q --disable-pip-version-check --only-binary=:all: -r $(DRY_VENV)/requirements.txt
 	touch $@
 
 dry-run: $(DRY_VENV)/.installed
