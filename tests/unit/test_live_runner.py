@@ -465,3 +465,41 @@ def test_once_is_bounded_and_says_why_in_one_line() -> None:
     assert time.monotonic() - started < 3 and stop.is_set()
     with pytest.raises(LiveError, match="--once failed: boom"):
         bounded("--once", 5.0, stop, lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+
+
+def test_no_priority_event_when_only_the_aging_reference_moved(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import controller.plan as plan_module
+
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "a1")
+    workload(api, "team-a", "a2")
+    c = controller(api, settings())
+    if "terms" not in plan_module.WorkloadDecision.__dataclass_fields__:
+        pytest.skip("WorkloadDecision.terms not there yet (issue 10)")
+    monkeypatch.setattr(plan_module, "change_is_eventful", lambda _old, _new: False,
+                        raising=False)
+    report = c.run_cycle(NOW)
+    assert report.applied is not None and report.applied.counts() == {"applied": 2}
+    assert not [e for e in api.writes() if "/events" in e[1]]
+
+
+def test_urgent_and_class_changes_are_written_first_when_the_budget_is_short(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import controller.plan as plan_module
+
+    api = FakeApi()
+    cluster(api)
+    for i in range(4):
+        workload(api, "team-a", f"w{i}")
+    c = controller(api, settings())
+    c.write_budget = 1
+    monkeypatch.setattr(plan_module, "write_order",
+                        lambda d, _old: 0 if d.key.endswith("w3") else 2, raising=False)
+    report = c.run_cycle(NOW)
+    assert report.applied is not None
+    (applied,) = [o.change.ref.name for o in report.applied.outcomes if o.result == "applied"]
+    assert applied == "w3"
