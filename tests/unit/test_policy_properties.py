@@ -456,3 +456,25 @@ def test_requeued_workload_waits_from_its_eviction() -> None:
     creation = make_settings(requeue_timestamp="creation")
     d = compute_plan(snapshot([w]), creation, NOW).decisions[0]
     assert d.breakdown is not None and d.breakdown.wait_seconds == 3 * 86400
+
+
+def test_a_new_teams_first_job_rewrites_no_other_teams_workloads() -> None:
+    """50 active teams with varied usage; a 51st team submits its first Job. W moves by 2 %:
+    with hysteresis no other team's Workload changes value; without it some would (the
+    churn this setting removes)."""
+    rnd = random.Random(5)
+    teams = [f"t{i:02d}" for i in range(50)]
+    items = []
+    for t in teams:
+        for j in range(rnd.randrange(0, 4)):
+            cpus = str(rnd.randrange(1, 9))
+            items.append(wl(f"run{j}", t, admitted=True, resources={"cpu": cpus}))
+        items.append(wl("p", t, wait=rnd.uniform(0, 86400)))
+    snap = snapshot(items, gpus=64, cpu=256, teams=(*teams, "newcomer"))
+    for hysteresis, expect_changes in ((0.5, False), (0.0, True)):
+        s = make_settings(fairness_hysteresis=hysteresis)
+        before = written(snap, compute_plan(snap, s, NOW))
+        grown = replace(before, workloads=(*before.workloads, wl("first", "newcomer")))
+        p1, p2 = compute_plan(before, s, NOW), compute_plan(grown, s, NOW)
+        changed = [k for k, v in targets(p1).items() if targets(p2)[k] != v]
+        assert bool(changed) is expect_changes, (hysteresis, changed)
