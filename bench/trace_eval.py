@@ -31,6 +31,8 @@ from controller.sim.experiment import (  # noqa: E402
     Options,
     default_settings,
     make_policy,
+    record_from_json,
+    record_to_json,
     run_all,
 )
 from controller.sim.kueue import COHORT, PLACEMENT, QUOTA, SINGLE_CQ  # noqa: E402
@@ -85,6 +87,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "out",
                    help="report directory (default bench/out/)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs already in OUT/records.jsonl (same windows and seeds) "
+                   "and run only the missing ones; every finished run is appended there")
     return p.parse_args(argv)
 
 
@@ -140,14 +145,29 @@ def main(argv: list[str] | None = None) -> int:
         first[name] = 1
         return True
 
+    a.out.mkdir(parents=True, exist_ok=True)
+    log = a.out / "records.jsonl"
+    done = []
+    if a.resume and log.is_file():
+        done = [record_from_json(json.loads(line)) for line in log.read_text().splitlines()
+                if line.strip()]
+        print(f"resuming: {len(done)} policy runs already in {log}")
+    elif log.exists():
+        log.unlink()
+
+    def save(recs: object) -> None:
+        with log.open("a") as fh:
+            for r in recs:  # type: ignore[attr-defined]
+                fh.write(json.dumps(record_to_json(r), allow_nan=False) + "\n")
+
     try:
-        windows, records, epoch = run_all(opts, jobs=a.jobs, keep=keep,
+        windows, records, epoch = run_all(opts, jobs=a.jobs, keep=keep, done=done,
+                                          on_task=save,
                                           progress=lambda s: print(s, flush=True))
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - t0
-    a.out.mkdir(parents=True, exist_ok=True)
     plots = [] if a.no_plots else plot(a.out, records)
     command = "python bench/trace_eval.py" + (" " + shlex.join(argv) if argv else
                                                " " + shlex.join(sys.argv[1:]) if sys.argv[1:]
@@ -155,12 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     report = render(opts, windows, records, epoch, settings.loop_interval, descriptions, plots,
                     seconds, command.strip())
     (a.out / "report.md").write_text(report)
-    rows = [{"window": r.window.name, "role": r.window.role, "span": r.window.label(epoch),
-             "seed": r.seed, "policy": r.policy, "nodes": r.nodes, "load": r.load,
-             "seconds": r.seconds,
-             "metrics": {k: (None if v != v else v) for k, v in r.metrics.items()}}
-            for r in records]
-    (a.out / "records.json").write_text(json.dumps(rows, indent=1, allow_nan=False))
     policies = list(dict.fromkeys(r.policy for r in records))
     role = "tuning" if opts.quick else "held-out"
     shown = [r for r in records if r.window.role == role]

@@ -331,31 +331,67 @@ def _task(args: tuple[Options, Window, int, bool]) -> list[RunRecord]:
     return run_window(opts, window, seed, keep)
 
 
+def record_to_json(r: RunRecord) -> dict[str, object]:
+    return {"window": r.window.name, "start": r.window.start, "days": r.window.days,
+            "role": r.window.role, "seed": r.seed, "policy": r.policy, "key": r.key,
+            "nodes": r.nodes, "load": r.load, "seconds": r.seconds,
+            "weights": list(r.weights),
+            "metrics": {k: (None if v != v else v) for k, v in r.metrics.items()}}
+
+
+def record_from_json(d: Mapping[str, object]) -> RunRecord:
+    def num(x: object) -> float:
+        return math.nan if x is None else float(str(x))
+
+    metrics = d["metrics"]
+    weights = d["weights"]
+    assert isinstance(metrics, dict) and isinstance(weights, list)
+    w = Window(str(d["window"]), num(d["start"]), int(num(d["days"])), str(d["role"]))
+    return RunRecord(w, int(num(d["seed"])), str(d["policy"]), str(d["key"]),
+                     {str(k): num(v) for k, v in metrics.items()}, num(d["seconds"]),
+                     int(num(d["nodes"])), num(d["load"]), None,
+                     tuple(num(x) for x in weights))
+
+
 def run_all(opts: Options, jobs: int = 1, progress: Callable[[str], None] | None = None,
-            keep: Callable[[Window, int], bool] | None = None
+            keep: Callable[[Window, int], bool] | None = None,
+            done: Sequence[RunRecord] = (),
+            on_task: Callable[[Sequence[RunRecord]], None] | None = None,
             ) -> tuple[list[Window], list[RunRecord], datetime]:
-    """Every (window, seed), in `jobs` processes; results kept where `keep` says (plots)."""
+    """Every (window, seed), seed by seed (the tuning window first), in `jobs` processes;
+    results kept where `keep` says (plots). Runs already in `done` (same window and seed) are
+    not run again; `on_task` sees each finished task's records (to save them as they come)."""
     trace = load_trace(opts)
     windows = choose_windows(opts, trace)
     seeds = [opts.first_seed] if opts.quick else list(
         range(opts.first_seed, opts.first_seed + opts.seeds))
-    tasks = [(opts, w, s, bool(keep and keep(w, s))) for w in windows
-             for s in (seeds if w.role == "held-out" else seeds[:opts.tuning_seeds])]
-    records: list[RunRecord] = []
+    have = {(r.window.start, r.window.days, r.seed) for r in done}
+    tasks = [(opts, w, s, bool(keep and keep(w, s)))
+             for i, s in enumerate(seeds) for w in windows
+             if (w.role == "held-out" or i < opts.tuning_seeds)
+             and (w.start, w.days, s) not in have]
+    names = {(w.start, w.days): w for w in windows}
+    records: list[RunRecord] = [
+        replace(r, window=names.get((r.window.start, r.window.days), r.window)) for r in done
+    ]
+
+    def finished(recs: list[RunRecord]) -> None:
+        nonlocal records
+        records += recs
+        if on_task:
+            on_task(recs)
+        if progress:
+            progress(_progress_line(recs))
+
     if jobs <= 1:
         for t in tasks:
-            recs = _task(t)
-            records += recs
-            if progress:
-                progress(_progress_line(recs))
+            finished(_task(t))
     else:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=jobs) as ex:
             for recs in ex.map(_task, tasks):
-                records += recs
-                if progress:
-                    progress(_progress_line(recs))
+                finished(recs)
     return windows, records, trace.epoch
 
 
