@@ -107,7 +107,25 @@ def test_a_tiny_evaluation_runs_end_to_end() -> None:
     opts = Options(trace=None, generated_jobs=300, days=1, held_out=1, seeds=2,
                    policies=("fifo", "static", "fs", "wdrf"))
     windows, records, _ = run_all(opts)
-    assert len(windows) == 2 and len(records) == 2 * 2 * 4
+    assert len(windows) == 2 and len(records) == (1 + 2) * 4  # tuning: one seed
     assert {r.seed for r in records} == {1, 2}
     held = [r for r in records if r.window.role == "held-out"]
     assert all(g.met is not None for g in check_goals(held, 10.0))
+
+
+def test_resume_runs_only_what_is_missing_and_records_round_trip() -> None:
+    from controller.sim.experiment import record_from_json, record_to_json
+
+    opts = Options(trace=None, generated_jobs=200, days=1, held_out=1, seeds=2,
+                   policies=("fifo", "static"))
+    saved: list[RunRecord] = []
+    _, first, _ = run_all(opts, on_task=saved.extend)
+    assert saved == first
+    back = [record_from_json(record_to_json(r)) for r in first[:4]]
+    assert [(r.window.name, r.seed, r.policy) for r in back] == [
+        (r.window.name, r.seed, r.policy) for r in first[:4]]
+    seen: list[RunRecord] = []
+    _, again, _ = run_all(opts, done=back, on_task=seen.extend)
+    assert len(again) == len(first) and len(seen) == len(first) - 4
+    key = sorted((r.window.name, r.seed, r.policy, r.metrics["jain"]) for r in again)
+    assert key == sorted((r.window.name, r.seed, r.policy, r.metrics["jain"]) for r in first)
