@@ -17,6 +17,9 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,12 +27,16 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from controller.sim import trace as tr  # noqa: E402
-from controller.sim.evaluate import COLUMNS, COST_COLUMNS, check_goals, plot, render, table  # noqa: E402  # noqa: E402
+from controller.sim.evaluate import COLUMNS, COST_COLUMNS, check_goals, plot, render, table  # noqa: E402
 from controller.sim.experiment import (  # noqa: E402
     ALL_POLICIES,
     PREEMPTION,
     Options,
+    RunRecord,
+    Window,
+    choose_windows,
     default_settings,
+    load_trace,
     make_policy,
     record_from_json,
     record_to_json,
@@ -87,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "out",
                    help="report directory (default bench/out/)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: write the report from the runs in OUT/records.jsonl")
     p.add_argument("--resume", action="store_true",
                    help="keep the runs already in OUT/records.jsonl (same windows and seeds) "
                    "and run only the missing ones; every finished run is appended there")
@@ -121,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     settings = default_settings()
     descriptions = {}
     try:
-        from datetime import UTC, datetime
-
         for key in opts.policies:
             pol, _ = make_policy(key, opts, datetime(2017, 1, 1, tzinfo=UTC), settings, {})
             descriptions[pol.name] = pol.description
@@ -132,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     first: dict[str, int] = {}
 
-    def keep(w: object, seed: int) -> bool:
+    def keep(w: Window, seed: int) -> bool:
         role = getattr(w, "role", "")
         want = "tuning" if opts.quick else "held-out"
         if role != want or seed != opts.first_seed:
@@ -148,25 +155,34 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     log = a.out / "records.jsonl"
     done = []
-    if a.resume and log.is_file():
+    if a.report_only or (a.resume and log.is_file()):
         done = [record_from_json(json.loads(line)) for line in log.read_text().splitlines()
                 if line.strip()]
         print(f"resuming: {len(done)} policy runs already in {log}")
     elif log.exists():
         log.unlink()
 
-    def save(recs: object) -> None:
+    def save(recs: Sequence[RunRecord]) -> None:
         with log.open("a") as fh:
-            for r in recs:  # type: ignore[attr-defined]
+            for r in recs:
                 fh.write(json.dumps(record_to_json(r), allow_nan=False) + "\n")
 
     try:
-        windows, records, epoch = run_all(opts, jobs=a.jobs, keep=keep, done=done,
-                                          on_task=save,
-                                          progress=lambda s: print(s, flush=True))
+        trace = load_trace(opts)
     except FileNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if a.report_only:
+        names = {(w.start, w.days): w for w in choose_windows(opts, trace)}
+        windows = [w for w in names.values()
+                   if any((r.window.start, r.window.days) == (w.start, w.days) for r in done)]
+        records = [replace(r, window=names.get((r.window.start, r.window.days), r.window))
+                   for r in done]
+        epoch = trace.epoch
+        a.no_plots = True
+    else:
+        windows, records, epoch = _run(a, opts, keep, done, save)
+
     seconds = time.perf_counter() - t0
     plots = [] if a.no_plots else plot(a.out, records)
     command = "python bench/trace_eval.py" + (" " + shlex.join(argv) if argv else
@@ -191,6 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report: {a.out / 'report.md'} ({seconds:.1f} s in all)")
     print(f"Trace: {tr.CITATION}. Classes and GPU fractions are synthetic.")
     return 0
+
+
+def _run(a: argparse.Namespace, opts: Options, keep: Callable[[Window, int], bool],
+         done: list[RunRecord], save: Callable[[Sequence[RunRecord]], None]
+         ) -> tuple[list[Window], list[RunRecord], datetime]:
+    return run_all(opts, jobs=a.jobs, keep=keep, done=done, on_task=save,
+                   progress=lambda s: print(s, flush=True))
 
 
 if __name__ == "__main__":
