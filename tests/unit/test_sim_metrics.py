@@ -58,3 +58,51 @@ def test_quantiles_linear_interpolation() -> None:
     q = quantiles([5.0, 1.0, 3.0])
     assert (q.n, q.p50, q.max, q.mean) == (3, 3.0, 5.0, 3.0)
     assert math.isnan(quantiles([]).p99)
+
+
+def _kueue_run():  # type: ignore[no-untyped-def]
+    from controller.domain import PriorityClass
+    from controller.sim.engine import SimConfig
+    from controller.sim.kueue import KueueConfig, KueueSim
+    from controller.sim.policies import StaticClasses
+    from controller.sim.trace import SimJob
+
+    n, u = PriorityClass.NORMAL, PriorityClass.URGENT
+    jobs = [
+        SimJob(0, 0.0, 7200.0, "a", n, 1, 8, 100),  # team a fills the node for 2 h
+        SimJob(1, 60.0, 300.0, "b", n, 1, 1, 100),  # b waits 2 h for 5 min of work
+        SimJob(2, 3600.0, 600.0, "b", u, 1, 8, 100),  # urgent: preempts a after 1 h
+    ]
+    k = KueueConfig(within_cluster_queue="LowerPriority", checkpoint_interval=1800.0)
+    return KueueSim(jobs, SimConfig(nodes=1), k, StaticClasses()).run()
+
+
+def test_run_metrics_waits_slowdown_preemption_and_loss() -> None:
+    from controller.sim.metrics import run_metrics
+    from controller.sim.trace import Period
+
+    r = _kueue_run()
+    m = run_metrics(r, Period(0.0, 4 * 3600.0), [1.0, 1.0], 10.0)
+    assert m["urgent_p99"] == 0.0  # urgent preempted a at once
+    assert m["preemptions_per_hour"] == 1 / 4
+    assert m["gpu_hours_lost"] == 0.0  # a ran exactly 2 checkpoints before the preemption
+    # a (older) resumes first after the urgent job, with the 3600 s it had left; b then
+    # starts at 7800
+    assert m["normal_1gpu_max"] == 7800.0 - 60.0
+    # slowdowns: a 7800 / 7200, b (7740 + 300) / 600 (the 10-min bound), urgent 1
+    assert m["slowdown_mean"] == pytest.approx((7800 / 7200 + 8040 / 600 + 1.0) / 3)
+    assert m["writes_per_job_mean"] == 0.0
+    assert m["same_class_preemptions"] == 0.0
+
+
+def test_team_ratios_against_weighted_entitlement() -> None:
+    from controller.sim.metrics import team_ratios
+    from controller.sim.trace import Period
+
+    r = _kueue_run()
+    ratios, errors, per_hour = team_ratios(r, Period(0.0, 4 * 3600.0), [1.0, 1.0])
+    # first hour: a holds 8 GPUs, b asks 1 -> entitled a 7, b 1: a 8/7, b 0
+    assert per_hour[0][0] == pytest.approx(8 / 7, rel=0.02)
+    assert per_hour[0][1] == pytest.approx(0.0, abs=0.02)
+    assert ratios[1] < 1 < ratios[0]
+    assert errors and 0 < errors[0] < 0.2
