@@ -526,6 +526,8 @@ def _transport(kubeconfig: str | None, context: str | None) -> Api:
         from controller.live.kube import KubeTransport
     except ImportError as exc:  # the kubernetes client is a runtime dependency
         raise WhyError(f"the kubernetes client is not installed ({exc})") from None
+    if kubeconfig and not os.path.exists(kubeconfig):
+        raise WhyError(f"kubeconfig {kubeconfig}: no such file")
     try:
         return KubeTransport.from_config(kubeconfig, context, user_agent="wdrf-why")
     except Exception as exc:  # kubeconfig unreadable, no cluster
