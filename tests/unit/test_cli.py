@@ -114,7 +114,7 @@ def test_missing_config_file_exits_2(runner: CliRunner) -> None:
 def test_live_mode_without_module_is_a_clear_error(
     runner: CliRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "controller.live.runner", None)  # import fails
+    monkeypatch.setitem(sys.modules, "controller.live.main", None)  # import fails
     r = runner.invoke(main, ["--once"])
     assert r.exit_code == 1 and "live mode unavailable" in r.output
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from controller.domain import ObjectRef
 from controller.live.api import EVENTS, ReadOnlyTransport
 from controller.live.events import EventRecorder
-from tests.support.fake import FakeApi
 from controller.live.metrics import Metrics
+from tests.support.fake import FakeApi
 
 REF = ObjectRef("Workload", "wl", "team-a", "uid-1", "kueue.x-k8s.io/v1beta2")
 
