@@ -95,7 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="report directory (default bench/out/)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--report-only", action="store_true",
-                   help="run nothing: write the report from the runs in OUT/records.jsonl")
+                   help="run nothing: write the report from the runs in OUT/records.jsonl "
+                   "(those of the --seeds asked for)")
     p.add_argument("--resume", action="store_true",
                    help="keep the runs already in OUT/records.jsonl (same windows and seeds) "
                    "and run only the missing ones; every finished run is appended there")
@@ -176,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         names = {(w.start, w.days): w for w in choose_windows(opts, trace)}
         windows = [w for w in names.values()
                    if any((r.window.start, r.window.days) == (w.start, w.days) for r in done)]
+        last = opts.first_seed + opts.seeds
         records = [replace(r, window=names.get((r.window.start, r.window.days), r.window))
-                   for r in done]
+                   for r in done if opts.first_seed <= r.seed < last]
         epoch = trace.epoch
         a.no_plots = True
     else:
