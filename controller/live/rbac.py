@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from controller.config import Settings
 from controller.live.discovery import KUEUE_CONFIG_MAP, KUEUE_DEPLOYMENT
+from controller.live.owners import owner_resources
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,11 @@ def permissions(settings: Settings) -> list[Permission]:
                               "class annotations; HAMi settings on suspended Jobs"))
     for verb in ("list", "watch", "patch"):
         out.append(Permission("", "pods", verb, None, "HAMi annotations on gated pod groups"))
+    for owner in owner_resources():  # read only where the cluster serves the kind
+        for verb in ("list", "watch"):
+            out.append(Permission(owner.group, owner.plural, verb, None,
+                                  f"class annotations on Kueue-managed {owner.kind}s",
+                                  required=False))
     if settings.capacity_source != "quota":
         for verb in ("list", "watch"):
             out.append(Permission("", "nodes", verb, None, "GPU inventory annotations"))

@@ -80,12 +80,20 @@ from controller.live.history import HistoryStore
 from controller.live.leader import LeaderElector, default_identity
 from controller.live.metrics import HttpServer, Metrics
 from controller.live.outcomes import finding_events, outcome_events
-from controller.live.snapshot import Built, Parsers, SnapshotBuilder, needs_prompt_cycle
+from controller.live.owners import served_owner_resources
+from controller.live.snapshot import (
+    Built,
+    Parsers,
+    SnapshotBuilder,
+    needs_prompt_cycle,
+    owner_key,
+)
 from controller.plan import Plan, PriorityMode, WorkloadDecision
 
 log = logging.getLogger(__name__)
 
 JOB_SELECTOR = "kueue.x-k8s.io/queue-name"  # Jobs Kueue manages carry their queue label
+OWNERS_PREFIX = "owners-"  # informer names for Workload owners of other integrated kinds
 POD_SELECTOR = "kueue.x-k8s.io/managed=true"  # pods of Kueue's pod integration
 MIN_TRIGGER_GAP = 0.5  # seconds between prompt cycles, so a burst of arrivals is one cycle
 SYNC_TIMEOUT = 120.0
@@ -119,10 +127,12 @@ def default_parsers() -> Parsers:
         parse_job,
         parse_local_queue,
         parse_node,
+        parse_owner,
         parse_workload,
     )
 
-    return Parsers(parse_workload, parse_cluster_queue, parse_local_queue, parse_job, parse_node)
+    return Parsers(parse_workload, parse_cluster_queue, parse_local_queue, parse_job, parse_node,
+                   parse_owner)
 
 
 def queue_warnings(queues: Iterable[ClusterQueue]) -> list[str]:
@@ -239,6 +249,7 @@ class LiveController:
         self._cycle_lock = threading.Lock()
         self.mode: ModeChoice | None = None
         self.quota_check = QuotaCheck()
+        self.owner_resources: list[Resource] = []  # served kinds in OWNER_KINDS
         self.kueue_version: KueueApiVersion | None = None
         self.informers: dict[str, Informer] = {}
         self.http: HttpServer | None = None
@@ -295,6 +306,7 @@ class LiveController:
                     served_versions(self.reader, "kueue.x-k8s.io")
                 )
                 self.mode = self.detect_mode()
+                self.owner_resources = served_owner_resources(self.reader)
                 try:
                     self.quota_check = read_quota_check(self.reader,
                                                         self.settings.kueue_namespace)
@@ -343,6 +355,8 @@ class LiveController:
         }
         if self.settings.capacity_source != "quota":
             specs["nodes"] = WatchSpec(NODES)
+        for res in self.owner_resources:  # JobSets, RayJobs, ...: class annotations
+            specs[f"{OWNERS_PREFIX}{res.plural}"] = WatchSpec(res, label_selector=JOB_SELECTOR)
         self.informers = {
             name: Informer(self.reader, spec, self.metrics, on_event=self._on_event,
                            watch_timeout=self._watch_timeout)
@@ -416,9 +430,13 @@ class LiveController:
         jobs = {f"{o['metadata'].get('namespace')}/{o['metadata'].get('name')}": o
                 for o in inf["jobs"].items()}
         nodes = inf["nodes"].items() if "nodes" in inf else []
+        owners = {owner_key(str(o["metadata"].get("namespace")), str(o.get("kind")),
+                            str(o["metadata"].get("name"))): o
+                  for name, i in inf.items() if name.startswith(OWNERS_PREFIX)
+                  for o in i.items()}
         return self.builder.build(
             inf["workloads"].items(), inf["clusterqueues"].items(), inf["localqueues"].items(),
-            jobs, nodes,
+            jobs, nodes, owners,
         )
 
     def plan(self, now: datetime) -> tuple[Plan, Built]:

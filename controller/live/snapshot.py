@@ -20,6 +20,7 @@ from controller.domain import (
     JobInfo,
     LocalQueue,
     NodeInventory,
+    OwnerInfo,
     Workload,
 )
 from controller.live.api import JSON
@@ -67,6 +68,7 @@ class Parsers:
     local_queue: Parser[LocalQueue]
     job: Parser[JobInfo]
     node: Callable[[JSON], tuple[tuple[NodeInventory, ...], list[InputProblem]]]
+    owner: Parser[OwnerInfo] | None = None  # JobSets, RayJobs, ... (controller.live.owners)
 
 
 @dataclass
@@ -81,12 +83,18 @@ def _owner_job_key(wl: Workload) -> str | None:
     return None
 
 
+def owner_key(namespace: str, kind: str, name: str) -> str:
+    """How `build` finds a Workload's owner of another integrated kind."""
+    return f"{namespace}/{kind}/{name}"
+
+
 class SnapshotBuilder:
     def __init__(self, parsers: Parsers) -> None:
         self._wl = ParseCache(parsers.workload)
         self._cq = ParseCache(parsers.cluster_queue)
         self._lq = ParseCache(parsers.local_queue)
         self._job = ParseCache(parsers.job)
+        self._owner = ParseCache(parsers.owner) if parsers.owner is not None else None
         self._node_parse = parsers.node
         self._nodes: dict[str, tuple[str, tuple[NodeInventory, ...], tuple[InputProblem, ...]]] = {}
 
@@ -101,6 +109,7 @@ class SnapshotBuilder:
         local_queues: list[JSON],
         jobs: Mapping[str, JSON],
         nodes: list[JSON],
+        owners: Mapping[str, JSON] | None = None,  # owner_key(...) -> object
     ) -> Built:
         problems: list[InputProblem] = []
         parsed_wls: dict[str, Workload] = {}
@@ -117,16 +126,25 @@ class SnapshotBuilder:
             if key is not None and key in jobs:
                 job_objs.append(jobs[key])
         parsed_jobs = self._parse_all(self._job, job_objs, problems)
+        owner_objs = [
+            owners[k] for wl in parsed_wls.values() if wl.owner is not None and owners
+            and (k := owner_key(wl.namespace, wl.owner.kind, wl.owner.name)) in owners
+        ]
+        parsed_owners = (self._parse_all(self._owner, owner_objs, problems)
+                         if self._owner is not None else [])
         inventories = self._parse_nodes(nodes, problems)
         self._wl.prune(workloads)
         self._cq.prune(cluster_queues)
         self._lq.prune(local_queues)
         self._job.prune(job_objs)
+        if self._owner is not None:
+            self._owner.prune(owner_objs)
         snapshot = ClusterSnapshot(
             workloads=tuple(parsed_wls.values()),
             cluster_queues=tuple(cqs),
             local_queues=tuple(lqs),
             jobs=tuple(parsed_jobs),
+            owners=tuple(parsed_owners),
             nodes=tuple(inventories),
             problems=tuple(problems),
         )

@@ -56,6 +56,12 @@ def _custom(root: str) -> bool:
     return root.startswith("apis/") and root.split("/")[1].endswith(".x-k8s.io")
 
 
+def _is_discovery(path: str) -> bool:
+    """/apis/<group>, /apis/<group>/<version>, /api/<version>: no resource in the path."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    return (parts[:1] == ["apis"] and len(parts) <= 3) or (parts[:1] == ["api"] and len(parts) <= 2)
+
+
 def _split(path: str) -> tuple[str, str | None, str, str | None]:
     """-> (api root incl. version, namespace, plural, name)."""
     parts = [p for p in path.split("/") if p]
@@ -267,6 +273,10 @@ class FakeApi:
                 attrs = body["spec"]["resourceAttributes"]
                 allowed = f"{attrs['verb']} {attrs['resource']}" not in self.denied
                 return {**body, "status": {"allowed": allowed}}
+            if method == "GET" and _is_discovery(path):
+                # A group or group/version nobody served: the real apiserver says 404.
+                raise ApiError(404, "Not Found",
+                               f"the server could not find the requested resource ({path})")
             path, sub = _subresource(path)
             root, ns, plural, name = _split(path)
             if method == "POST":

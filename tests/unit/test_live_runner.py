@@ -35,7 +35,7 @@ KUEUE_GROUP_DOC = {"kind": "APIGroup", "name": "kueue.x-k8s.io",
 
 def settings(**env: str) -> Settings:
     base = {"METRICS_PORT": "0", "LEADER_ELECTION": "false", "CAPACITY_SOURCE": "quota",
-            "PRIORITY_MODE": "boost", "AGING_STEP": "60"}
+            "PRIORITY_MODE": "boost"}
     return load_settings(env={**base, **env})
 
 
@@ -503,3 +503,35 @@ def test_urgent_and_class_changes_are_written_first_when_the_budget_is_short(
     assert report.applied is not None
     (applied,) = [o.change.ref.name for o in report.applied.outcomes if o.result == "applied"]
     assert applied == "w3"
+
+
+def test_class_annotations_on_a_served_jobset_owner_are_read() -> None:
+    """The cluster serves JobSets: the controller watches the Kueue-managed ones and an urgent
+    JobSet makes its Workload urgent; kinds the cluster does not serve are not watched."""
+    from controller.live.api import Resource
+
+    api = FakeApi()
+    cluster(api)
+    api.static["/apis/jobset.x-k8s.io"] = {"kind": "APIGroup", "name": "jobset.x-k8s.io",
+                                          "versions": [{"version": "v1alpha2"}]}
+    api.static["/apis/jobset.x-k8s.io/v1alpha2"] = {"resources": [{"name": "jobsets"}]}
+    jobsets = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
+    api.put_object(jobsets.item("train", "team-a"), {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "train", "namespace": "team-a", "uid": "uid-js",
+                     "labels": {"kueue.x-k8s.io/queue-name": "lq"},
+                     "annotations": {URGENT_ANNOTATION: "true"}}})
+    wl = workload(api, "team-a", "jobset-train")
+    wl["metadata"]["ownerReferences"] = [{"apiVersion": "jobset.x-k8s.io/v1alpha2",
+                                          "kind": "JobSet", "name": "train", "uid": "uid-js",
+                                          "controller": True}]
+    api.put_object(WORKLOADS.item("jobset-train", "team-a"), wl)
+    workload(api, "team-b", "plain", minutes_ago=60)
+    c = controller(api, settings())
+    assert [r.plural for r in c.owner_resources] == ["jobsets"]
+    assert sorted(c.informers) == ["clusterqueues", "jobs", "localqueues", "owners-jobsets",
+                                   "pods", "workloads"]
+    plan = c.run_cycle(NOW).plan
+    d = next(d for d in plan.decisions if d.key == "team-a/jobset-train")
+    assert d.breakdown is not None and d.breakdown.priority_class.value == "urgent"
+    assert plan.decisions[0].key == "team-a/jobset-train"

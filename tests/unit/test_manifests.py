@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from controller.config import Settings, with_overrides
+from controller.domain import OWNER_KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -560,6 +561,9 @@ def test_admission_policy_guards_every_object_a_priority_or_team_is_read_from(
         ("apps", "deployments"): {"CREATE", "UPDATE"},  # pod templates of Kueue's
         ("apps", "statefulsets"): {"CREATE", "UPDATE"},  # pod-based integrations
         ("apps", "replicasets"): {"CREATE", "UPDATE"},
+        # every other Kueue-integrated kind the controller reads a class from
+        **{(key.partition("/")[0], plural): {"CREATE", "UPDATE"}
+           for key, plural in OWNER_KINDS.items()},
     }
     text = yaml.safe_dump(vap["spec"])
     for key in ("approved", "urgent", "priority-override", "base-priority", "applied-priority",
