@@ -59,6 +59,11 @@ def permissions(settings: Settings) -> list[Permission]:
         for verb in ("list", "watch"):
             out.append(Permission("", "nodes", verb, None, "GPU inventory annotations"))
     out.append(Permission("", "events", "create", None, "Events on Workloads, Jobs, pods"))
+    if settings.metrics_cert_file:  # /metrics over HTTPS: check each scraper's token
+        out.append(Permission("authentication.k8s.io", "tokenreviews", "create", None,
+                              "authenticate /metrics scrapers"))
+        out.append(Permission("authorization.k8s.io", "subjectaccessreviews", "create", None,
+                              "authorize /metrics scrapers (get /metrics)"))
     if settings.leader_election:
         for verb in ("get", "create", "update"):
             out.append(Permission("coordination.k8s.io", "leases", verb, ns_ctl,

@@ -81,6 +81,7 @@ from controller.live.leader import LeaderElector, default_identity
 from controller.live.metrics import HttpServer, Metrics
 from controller.live.outcomes import finding_events, outcome_events
 from controller.live.owners import served_owner_resources
+from controller.live.secure_metrics import SecureMetricsServer, TokenAuthorizer, tls_context
 from controller.live.snapshot import (
     Built,
     Parsers,
@@ -252,7 +253,7 @@ class LiveController:
         self.owner_resources: list[Resource] = []  # served kinds in OWNER_KINDS
         self.kueue_version: KueueApiVersion | None = None
         self.informers: dict[str, Informer] = {}
-        self.http: HttpServer | None = None
+        self.http: HttpServer | SecureMetricsServer | None = None
         self.cycles = 0
 
     # -- start-up -------------------------------------------------------------------------
@@ -369,13 +370,30 @@ class LiveController:
         if needs_prompt_cycle(kind, old, new, lookup):  # type: ignore[arg-type]
             self.trigger.set()
 
+    def _http_server(self) -> HttpServer | SecureMetricsServer:
+        """Plain /metrics and health on METRICS_PORT; with METRICS_CERT_FILE, /metrics over
+        HTTPS (TokenReview + SubjectAccessReview per scrape) and health on HEALTH_PORT."""
+        s = self.settings
+        if not s.metrics_cert_file:
+            server: HttpServer | SecureMetricsServer = HttpServer(self.metrics, self.health,
+                                                                   s.metrics_port)
+            log.info("serving /metrics, /healthz, /readyz on :%d", server.port)
+            return server
+        secure = SecureMetricsServer(
+            self.metrics, self.health, TokenAuthorizer(self.counting),
+            tls_context(s.metrics_cert_file, s.metrics_key_file), s.metrics_port,
+            s.health_port,
+        )
+        log.info("serving /metrics over HTTPS (token checked) on :%d, /healthz, /readyz on :%d",
+                 secure.port, secure.health_port)
+        return secure
+
     def start(self, serve_http: bool = True) -> None:
         """Discover, start watches, leader election and the HTTP server (not blocking)."""
         if serve_http and self.settings.metrics_port:
             # First, so the startupProbe sees "starting" rather than a refused connection.
-            self.http = HttpServer(self.metrics, self.health, self.settings.metrics_port)
+            self.http = self._http_server()
             self.http.start()
-            log.info("serving /metrics, /healthz, /readyz on :%d", self.http.port)
         self.discover()
         if self.stop_event.is_set():
             return

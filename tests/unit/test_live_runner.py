@@ -535,3 +535,41 @@ def test_class_annotations_on_a_served_jobset_owner_are_read() -> None:
     d = next(d for d in plan.decisions if d.key == "team-a/jobset-train")
     assert d.breakdown is not None and d.breakdown.priority_class.value == "urgent"
     assert plan.decisions[0].key == "team-a/jobset-train"
+
+
+def test_with_a_certificate_metrics_are_https_and_need_a_token(tmp_path: Any) -> None:
+    """METRICS_CERT_FILE/KEY_FILE: the controller serves /metrics over TLS and refuses a scrape
+    without a bearer token (401) before asking the apiserver anything; health stays plain HTTP
+    on HEALTH_PORT."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from tests.support.certs import make_pki
+    from tests.support.procs import free_port
+
+    pki = make_pki(tmp_path / "pki")
+    metrics_port, health_port = free_port(), free_port()
+    api = FakeApi()
+    cluster(api)
+    c = LiveController(settings(METRICS_PORT=str(metrics_port), HEALTH_PORT=str(health_port),
+                                METRICS_CERT_FILE=str(pki.serving_crt),
+                                METRICS_KEY_FILE=str(pki.serving_key)), api, identity="me")
+    c.start(serve_http=True)
+    try:
+        ctx = ssl.create_default_context(cafile=str(pki.ca_crt))
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(f"https://127.0.0.1:{metrics_port}/metrics", context=ctx,
+                                   timeout=10)
+        assert denied.value.code == 401
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain HTTP there
+            urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10)
+        try:
+            code = urllib.request.urlopen(f"http://127.0.0.1:{health_port}/livez",
+                                          timeout=10).status
+        except urllib.error.HTTPError as e:
+            code = e.code
+        assert code in (200, 503)  # answered, plain, without a token
+        assert not any("tokenreviews" in path for _, path in api.requests)
+    finally:
+        c.shutdown()

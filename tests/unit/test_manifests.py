@@ -699,3 +699,21 @@ def test_network_policies_select_the_pods_and_limit_ingress_to_the_metrics_port(
             "wdrf.x-k8s.io/metrics-scraper": "true"}}}]
         (egress,) = np["spec"]["egress"]
         assert "to" not in egress and {p["port"] for p in egress["ports"]} == {443, 6443}
+
+
+def test_secure_metrics_rbac_is_exactly_what_the_controller_then_uses() -> None:
+    """With METRICS_CERT_FILE the controller adds TokenReview and SubjectAccessReview create
+    (controller/live/rbac.py); overlays/secure-metrics grants exactly those."""
+    from controller.live.rbac import permissions
+
+    plain = {(p.group, p.resource, p.verb) for p in permissions(_all_features())}
+    secure = {(p.group, p.resource, p.verb) for p in permissions(with_overrides(
+        _all_features(), metrics_cert_file="/tls/tls.crt", metrics_key_file="/tls/tls.key"))}
+    docs = yaml.safe_load_all((MANIFESTS / "overlays" / "secure-metrics" / "rbac.yaml")
+                              .read_text(encoding="utf-8"))
+    granted = {(g, r, v) for d in docs if d and d["kind"] == "ClusterRole"
+               for rule in d["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    assert secure - plain == granted == {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create")}
