@@ -57,7 +57,8 @@ class ConfigError(Exception):
 
     def render(self) -> str:
         lines = [f"{len(self.issues)} configuration error(s):"]
-        lines += [f"  {key}={value}: {why}" for key, value, why in self.issues]
+        lines += [f"  {key}={value}: {why}" if value else f"  {key}: {why}"
+                  for key, value, why in self.issues]
         return "\n".join(lines)
 
 

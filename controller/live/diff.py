@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller import domain
+from controller.classify import implied_base
 from controller.domain import (
     APPLIED_PRIORITY_ANNOTATION,
     BASE_PRIORITY_ANNOTATION,
@@ -50,24 +51,7 @@ PRIORITY = "priority"
 HAMI_ANNOTATIONS = "hami-annotations"
 GPU_FRACTION = "gpu-fraction"
 
-def implied_base(priority: int | None, annotations: Mapping[str, str]) -> int | None:
-    """The policy's `implied_base` (in `controller.classify` after the policy split, in
-    `controller.policy` before it)."""
-    import importlib
-
-    for module in ("controller.classify", "controller.policy"):
-        try:
-            found = getattr(importlib.import_module(module), "implied_base", None)
-        except ImportError:
-            continue
-        if found is not None:
-            value = found(priority, annotations)
-            return None if value is None else int(value)
-    raise ImportError("implied_base not found in controller.classify or controller.policy")
-
-
-PRIORITY_TERMS_ANNOTATION: str = getattr(
-    domain, "PRIORITY_TERMS_ANNOTATION", "wdrf.x-k8s.io/priority-terms")
+PRIORITY_TERMS_ANNOTATION = domain.PRIORITY_TERMS_ANNOTATION
 
 
 def decision_terms(decision: WorkloadDecision) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from controller.domain import KueueApiVersion
+from controller.domain import KueueApiVersion, RequeueTimestamp
 from controller.live.api import (
     CONFIG_MAPS,
     DEPLOYMENTS,
@@ -191,6 +191,9 @@ class QuotaCheck:
     ignore_undeclared: bool = False
     transformed: frozenset[str] = frozenset()  # inputs of resource transformations
     excluded_prefixes: tuple[str, ...] = ()
+    # waitForPodsReady.requeuingStrategy.timestamp, when the config says (same ConfigMap):
+    # where a requeued Workload's wait starts (REQUEUE_TIMESTAMP auto follows it).
+    requeue_timestamp: RequeueTimestamp | None = None
 
     def accepts(self, resource: str, covered: Iterable[str]) -> bool:
         if self.ignore_undeclared or resource in set(covered) or resource in self.transformed:
@@ -198,20 +201,32 @@ class QuotaCheck:
         return any(resource.startswith(p) for p in self.excluded_prefixes)
 
 
+def requeue_timestamp_from_manager_config(doc: object) -> RequeueTimestamp | None:
+    """`waitForPodsReady.requeuingStrategy.timestamp` (Eviction | Creation), else None."""
+    wfpr = doc.get("waitForPodsReady") if isinstance(doc, Mapping) else None
+    strategy = wfpr.get("requeuingStrategy") if isinstance(wfpr, Mapping) else None
+    value = strategy.get("timestamp") if isinstance(strategy, Mapping) else None
+    if isinstance(value, str) and value.lower() in ("eviction", "creation"):
+        return RequeueTimestamp(value.lower())
+    return None
+
+
 def quota_check_from_manager_config(text: str) -> QuotaCheck:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError:
         return QuotaCheck()
+    requeue = requeue_timestamp_from_manager_config(doc)
     res = doc.get("resources") if isinstance(doc, Mapping) else None
     if not isinstance(res, Mapping):
-        return QuotaCheck()
+        return QuotaCheck(requeue_timestamp=requeue)
     inputs = frozenset(
         str(t.get("input")) for t in res.get("transformations") or []
         if isinstance(t, Mapping) and t.get("input")
     )
     prefixes = tuple(str(p) for p in res.get("excludeResourcePrefixes") or [])
-    return QuotaCheck(res.get("quotaCheckStrategy") == "IgnoreUndeclared", inputs, prefixes)
+    return QuotaCheck(res.get("quotaCheckStrategy") == "IgnoreUndeclared", inputs, prefixes,
+                      requeue)
 
 
 def read_quota_check(transport: Transport, kueue_namespace: str) -> QuotaCheck:

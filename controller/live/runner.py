@@ -21,6 +21,7 @@ Events a write gives (`outcomes`), process entry points and signals (`main`), pr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -461,7 +462,9 @@ class LiveController:
         from controller.policy import compute_plan
 
         built = self.snapshot()
-        return compute_plan(built.snapshot, self.settings, now, self.history), built
+        snap = dataclasses.replace(built.snapshot,
+                                   requeue_timestamp=self.quota_check.requeue_timestamp)
+        return compute_plan(snap, self.settings, now, self.history), built
 
     def stale_caches(self) -> tuple[str, ...]:
         """Workload/ClusterQueue caches older than CACHE_MAX_STALENESS ("workloads 130s")."""

@@ -29,7 +29,7 @@ def live_settings(**env: str) -> Settings:
     """Settings for an in-process controller: fast loop, no HTTP port, no Lease unless asked."""
     base = {
         "LOOP_INTERVAL": "1", "METRICS_PORT": "0", "LEADER_ELECTION": "false",
-        "CAPACITY_SOURCE": "quota", "PRIORITY_MODE": "boost", "AGING_STEP": "1",
+        "CAPACITY_SOURCE": "quota", "PRIORITY_MODE": "boost",
         "AGING_COEFFICIENT": "0", "LEASE_NAME": kube.unique_name("wdrf"),
         "HISTORY_CONFIG_MAP": kube.unique_name("wdrf-history"),
         "RESOURCE_WEIGHTS": "{cpu: 1}", "EVENT_RATE_LIMIT": "10m",

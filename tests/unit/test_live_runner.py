@@ -573,3 +573,26 @@ def test_with_a_certificate_metrics_are_https_and_need_a_token(tmp_path: Any) ->
         assert not any("tokenreviews" in path for _, path in api.requests)
     finally:
         c.shutdown()
+
+
+@pytest.mark.parametrize(("strategy", "wait"), [(None, 60.0), ("Creation", 600.0),
+                                                ("Eviction", 60.0)])
+def test_waits_follow_kueues_requeuing_timestamp(strategy: str | None, wait: float) -> None:
+    """A Workload created 10 min ago and evicted 1 min ago waits from its eviction, unless
+    Kueue's manager config says requeuingStrategy.timestamp: Creation."""
+    api = FakeApi()
+    cluster(api)
+    if strategy is not None:
+        api.put_object(CONFIG_MAPS.item("kueue-manager-config", "kueue-system"), {
+            "metadata": {"name": "kueue-manager-config"},
+            "data": {"controller_manager_config.yaml":
+                     "waitForPodsReady:\n  enable: true\n  requeuingStrategy:\n"
+                     f"    timestamp: {strategy}\n"}})
+    wl = workload(api, "team-a", "back", minutes_ago=10)
+    wl["status"] = {"conditions": [{
+        "type": "Evicted", "status": "True", "reason": "PodsReadyTimeout",
+        "lastTransitionTime": (NOW - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")}]}
+    api.put_object(WORKLOADS.item("back", "team-a"), wl)
+    c = controller(api, settings())
+    [d] = c.run_cycle(NOW).plan.decisions
+    assert d.breakdown is not None and d.breakdown.wait_seconds == wait
