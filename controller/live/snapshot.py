@@ -205,13 +205,26 @@ def _owner_job_name(wl: JSON) -> str | None:
     return None
 
 
+def _quota_reserved(obj: JSON) -> bool:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if isinstance(c, dict) and c.get("type") == "QuotaReserved":
+            return c.get("status") == "True"
+    return False
+
+
 def needs_prompt_cycle(
     kind: str, old: JSON | None, new: JSON | None, job_lookup: Callable[[str], JSON | None]
 ) -> bool:
     """A cycle within ~2 s instead of at the next tick: a new Workload of a raised class (on
-    itself or its owner Job), or any change of class annotations on a Workload or Job."""
+    itself or its owner Job), any change of class annotations on a Workload or Job, or a
+    Workload that has just been admitted (its class guard should replace its pending priority
+    at once: until then a same-class Workload with a higher pending priority could preempt it,
+    see docs/policy.md)."""
     if new is None:
         return False
+    if kind == "Workload" and old is not None and _quota_reserved(new) and not _quota_reserved(
+            old):
+        return True
     before, after = class_annotations(old), class_annotations(new)
     if old is not None and before != after:
         return True

@@ -93,6 +93,12 @@ def test_prompt_cycle_rules() -> None:
     assert needs_prompt_cycle("Job", _wl({URGENT_ANNOTATION: "true"}), _wl(), none)
     assert not needs_prompt_cycle("Workload", _wl(), _wl(), none)  # status updates etc.
     assert not needs_prompt_cycle("Workload", _wl(), None, none)  # deletions
+    admitted = {**_wl(), "status": {"conditions": [{"type": "QuotaReserved", "status": "True"}]}}
+    pending = {**_wl(), "status": {"conditions": [{"type": "QuotaReserved", "status": "False"}]}}
+    assert needs_prompt_cycle("Workload", pending, admitted, none)  # its guard, at once
+    assert needs_prompt_cycle("Workload", _wl(), admitted, none)
+    assert not needs_prompt_cycle("Workload", admitted, admitted, none)
+    assert not needs_prompt_cycle("Workload", admitted, pending, none)
 
 
 def test_history_store_roundtrip_and_rate_limit() -> None:
