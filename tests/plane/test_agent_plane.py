@@ -92,7 +92,7 @@ def annotate(api: k8s.ApiClient, node: str, annotations: dict[str, str | None]) 
 
 def controller_capacity(node: Obj, now: datetime) -> tuple[float, CapacitySource]:
     """GPU capacity as the controller computes it from this one Node."""
-    from controller.accounting import capacity, gpu_inventory
+    from controller.accounting import UNKNOWN_POOL, gpu_inventory, pool_capacities
     from controller.config import Settings
     from controller.parse import build_snapshot
 
@@ -101,7 +101,8 @@ def controller_capacity(node: Obj, now: datetime) -> tuple[float, CapacitySource
         p.object is None or p.object.name == node["metadata"]["name"] for p in snapshot.problems
     )
     inventory, _ = gpu_inventory(snapshot.nodes, Settings(), now)
-    vector, source = capacity(snapshot, inventory)
+    pools, source = pool_capacities(snapshot.cluster_queues, inventory)
+    vector = pools.get(UNKNOWN_POOL, {})  # no ClusterQueue here: the cluster's own pool
     assert gpu_capacity(inventory) == int(vector.get(GPU, 0))  # the agent's own helper agrees
     return vector.get(GPU, 0.0), source
 
