@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from types import MappingProxyType
+from typing import Any
 
 from controller.accounting import (
     UNKNOWN_POOL,
@@ -102,32 +103,29 @@ def deduplicate(workloads: Iterable[Workload]) -> tuple[list[Workload], list[Inp
     same namespace/name with two UIDs (keep the newest: Kueue recreated it). Deterministic
     whatever the input order."""
     problems: list[InputProblem] = []
-    by_uid: dict[str, Workload] = {}
+
+    def newest(index: dict[Any, Workload], key: object, w: Workload, field: str, value: str,
+               message: str) -> None:
+        other = index.get(key)
+        if other is None:
+            index[key] = w
+            return
+        keep, drop = (w, other) if _version(w) > _version(other) else (other, w)
+        index[key] = keep
+        problems.append(InputProblem(drop.ref, field, value, message))
+
+    by_uid: dict[Any, Workload] = {}
     no_uid: list[Workload] = []
     for w in workloads:
-        if not w.uid:
+        if w.uid:
+            newest(by_uid, w.uid, w, "metadata.uid", w.uid,
+                   "duplicate object in the snapshot: counted once")
+        else:
             no_uid.append(w)
-            continue
-        other = by_uid.get(w.uid)
-        if other is None:
-            by_uid[w.uid] = w
-            continue
-        keep, drop = (w, other) if _version(w) > _version(other) else (other, w)
-        by_uid[w.uid] = keep
-        problems.append(InputProblem(drop.ref, "metadata.uid", w.uid,
-                                     "duplicate object in the snapshot: counted once"))
-    by_key: dict[tuple[str, str], Workload] = {}
+    by_key: dict[Any, Workload] = {}
     for w in [*by_uid.values(), *no_uid]:
-        k = (w.namespace, w.name)
-        other = by_key.get(k)
-        if other is None:
-            by_key[k] = w
-            continue
-        keep, drop = (w, other) if _version(w) > _version(other) else (other, w)
-        by_key[k] = keep
-        problems.append(InputProblem(drop.ref, "metadata.name", w.key,
-                                     "two objects with the same namespace/name: the newest "
-                                     "is counted"))
+        newest(by_key, (w.namespace, w.name), w, "metadata.name", w.key,
+               "two objects with the same namespace/name: the newest is counted")
     return list(by_key.values()), problems
 
 
@@ -199,7 +197,6 @@ class Accounts:
     pending: tuple[Member, ...]  # active, not quota-reserved
     admitted: tuple[Member, ...]  # quota-reserved
     shares: Mapping[PoolTeam, TeamShare]  # with level and fairness_term set
-    total_weight: Mapping[str, float]  # pool -> W
     history: UsageHistory | None
     card_mib: float | None
     capacity_known: bool
@@ -292,17 +289,12 @@ def account(
     for pt, ts in shares_raw.items():
         level = fairness_level(ts.dominant_share, active.get(pt[0], 0.0), settings,
                                previous.get(pt))
-        shares[pt] = TeamShare(
-            team=ts.team, usage=ts.usage, capacity=ts.capacity, shares=ts.shares,
-            dominant_resource=ts.dominant_resource, dominant_share=ts.dominant_share,
-            pool=ts.pool, level=level, fairness_term=level_points(level, settings),
-        )
+        shares[pt] = replace(ts, level=level, fairness_term=level_points(level, settings))
     weighted = {resource_of(d) for vec in capacities.values() for d, q in vec.items() if q > 0}
     return Accounts(
         pending=tuple(pending),
         admitted=tuple(admitted),
         shares=MappingProxyType(shares),
-        total_weight=MappingProxyType(active),
         history=new_history,
         card_mib=card_mib,
         capacity_known=any(settings.resource_weights.get(r, 0) > 0 for r in weighted),

@@ -54,15 +54,6 @@ GPU_FRACTION = "gpu-fraction"
 PRIORITY_TERMS_ANNOTATION = domain.PRIORITY_TERMS_ANNOTATION
 
 
-def decision_terms(decision: WorkloadDecision) -> str:
-    """The terms annotation value the plan wants written with the priority ("" = none)."""
-    return str(getattr(decision, "terms", "") or "")
-
-
-def decision_admitted(decision: WorkloadDecision) -> bool:
-    return bool(getattr(decision, "admitted", False))
-
-
 @dataclass(frozen=True, slots=True)
 class Notice:
     """An Event to emit: something the operator or user should know about one object."""
@@ -211,7 +202,7 @@ def _boost_change(decision: WorkloadDecision, wl: JSON, resource: Resource) -> C
                              "value": decision.base_priority})
     if not set_ and not remove:
         return None
-    terms = decision_terms(decision)
+    terms = decision.terms
     if terms:
         set_[PRIORITY_TERMS_ANNOTATION] = terms
     ops = uid_test(wl) + spec_ops + _annotation_ops(wl, set_, remove)
@@ -255,7 +246,7 @@ def _spec_change(decision: WorkloadDecision, wl: JSON, resource: Resource) -> Ch
             "metadata", "annotations", KUEUE_PRIORITY_BOOST_ANNOTATION)})
     if have == target and not ann_ops:
         return None
-    terms = decision_terms(decision)
+    terms = decision.terms
     if terms and ann.get(PRIORITY_TERMS_ANNOTATION) != terms:
         if not any(op["path"] == pointer("metadata", "annotations") for op in ann_ops) and (
                 not isinstance(_meta(wl).get("annotations"), Mapping)):
@@ -509,7 +500,7 @@ def plan_diff(
         change = diff_priority(d, raw, workload_resource, mode)
         if change is not None:
             priority.append(change)
-        if d.hami is None or decision_admitted(d):
+        if d.hami is None or d.admitted:
             continue
         owner = next((o for o in _meta(raw).get("ownerReferences") or []
                       if isinstance(o, Mapping) and o.get("controller") is True), None)

@@ -25,7 +25,7 @@ from controller.config import Settings
 from controller.live.api import ReadOnlyTransport, Transport
 from controller.live.apply import FAILED
 from controller.live.leader import LeaderElector, default_identity
-from controller.live.runner import SYNC_TIMEOUT, CycleReport, LiveController, setting
+from controller.live.runner import SYNC_TIMEOUT, CycleReport, LiveController
 from controller.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def run_live(settings: Settings, dry_run: bool, once: bool, output: str) -> int:
     failure = ""
     try:
         if once:
-            limit = setting(settings, "once_timeout", 60.0)
+            limit = settings.once_timeout
             try:
                 return bounded("--once", limit, controller.stop_event,
                                lambda: _run_once(controller, output, time.monotonic() + limit))
@@ -174,7 +174,7 @@ def live_plan(settings: Settings, now: datetime) -> Plan:
     Raises `LiveError` (one line) when the cluster cannot be read within ONCE_TIMEOUT."""
     controller = LiveController(settings, ReadOnlyTransport(make_transport(settings)),
                                 dry_run=True)
-    limit = setting(settings, "once_timeout", 60.0)
+    limit = settings.once_timeout
     deadline = time.monotonic() + limit
 
     def work() -> Plan:

@@ -17,21 +17,10 @@ from controller.live.diff import (
     GPU_FRACTION,
     PRIORITY,
     Diff,
-    decision_terms,
     fraction_refused_notice,
 )
 from controller.live.events import EventRecorder
-from controller.plan import Plan
-
-
-def change_is_eventful(old_terms: str | None, new_terms: str) -> bool:
-    """False when the write only moved the aging reference (controller.plan decides)."""
-    from controller import plan as plan_module
-
-    decide = getattr(plan_module, "change_is_eventful", None)
-    if decide is None or not new_terms:
-        return True
-    return bool(decide(old_terms, new_terms))
+from controller.plan import Plan, change_is_eventful
 
 
 def problem_reason(problem: InputProblem) -> str:
@@ -62,7 +51,7 @@ def outcome_events(events: EventRecorder, outcome: Outcome, workload: Workload |
     c, d = outcome.change, outcome.change.decision
     targets = workload_and_owner(workload)
     if outcome.result == APPLIED and c.what == PRIORITY:
-        if not change_is_eventful(c.old_terms, decision_terms(d)):
+        if not change_is_eventful(c.old_terms, d.terms):
             return
         text = f"{c.summary}: {why(d)} (rank {d.rank} in ClusterQueue {d.cluster_queue})"
         for ref in targets:

@@ -90,7 +90,7 @@ from controller.live.snapshot import (
     needs_prompt_cycle,
     owner_key,
 )
-from controller.plan import Plan, PriorityMode, WorkloadDecision
+from controller.plan import Plan, PriorityMode, WorkloadDecision, write_order
 
 log = logging.getLogger(__name__)
 
@@ -102,25 +102,6 @@ SYNC_TIMEOUT = 120.0
 APPLY_WORKERS = 8  # concurrent writes (a first cycle on a big cluster writes thousands)
 FRESHNESS_CRITICAL = ("workloads", "clusterqueues")  # stale -> not ready, writes paused
 SHUTDOWN_GRACE = 25.0  # below the Deployment's terminationGracePeriodSeconds (30)
-
-
-def setting(settings: Settings, name: str, default: float) -> float:
-    """A live-mode setting (WRITE_BUDGET, CLIENT_QPS, CLIENT_BURST, CACHE_MAX_STALENESS,
-    ONCE_TIMEOUT). Read defensively: until `Settings` has the field, its environment variable
-    (the config key) is used, else the default."""
-    if hasattr(settings, name):
-        return float(getattr(settings, name))
-    import os
-
-    from controller.config import p_duration
-
-    raw = os.environ.get(name.upper())
-    if raw:
-        try:
-            return float(p_duration(raw))
-        except Exception:
-            log.warning("ignoring %s=%r: not a number or duration", name.upper(), raw)
-    return default
 
 
 def default_parsers() -> Parsers:
@@ -157,14 +138,10 @@ def queue_warnings(queues: Iterable[ClusterQueue]) -> list[str]:
 
 
 def order_writes(changes: list[Change]) -> list[Change]:
-    """Priority writes, most important first (`controller.plan.write_order`: urgent, class
-    and override changes, then admitted guards, then the rest); stable within a group."""
-    from controller import plan as plan_module
-
-    order = getattr(plan_module, "write_order", None)
-    if order is None:
-        return list(changes)
-    return sorted(changes, key=lambda c: int(order(c.decision, c.old_terms)))
+    """Priority writes, most important first (`controller.plan.write_order`: urgent work,
+    class and override changes and admitted guards, then other changes, rebases last);
+    stable within a group."""
+    return sorted(changes, key=lambda c: write_order(c.decision, c.old_terms))
 
 
 @dataclass
@@ -204,8 +181,7 @@ class LiveController:
         self.counting = CountingTransport(
             transport, lambda verb, res: self.metrics.api_requests.labels(verb, res).inc()
         )
-        self.bucket = TokenBucket(setting(settings, "client_qps", 50.0),
-                                  int(setting(settings, "client_burst", 100)))
+        self.bucket = TokenBucket(settings.client_qps, settings.client_burst)
         limited = RateLimitedTransport(self.counting, self.bucket)
         base: Transport = ReadOnlyTransport(limited) if dry_run else limited
         self.reader = base
@@ -240,8 +216,8 @@ class LiveController:
             None if settings.usage_half_life <= 0 else self.history_store.load())
         self.builder = SnapshotBuilder(parsers or default_parsers())
         self.health = Probes(stale_after=max(60.0, 3 * settings.loop_interval))
-        self.max_staleness = setting(settings, "cache_max_staleness", 120.0)
-        self.write_budget = int(setting(settings, "write_budget", 1000))
+        self.max_staleness = settings.cache_max_staleness
+        self.write_budget = settings.write_budget
         self.trigger = threading.Event()
         self._watch_timeout = watch_timeout
         self._threads: list[threading.Thread] = []

@@ -467,29 +467,31 @@ def test_once_is_bounded_and_says_why_in_one_line() -> None:
         bounded("--once", 5.0, stop, lambda: (_ for _ in ()).throw(RuntimeError("boom")))
 
 
-def test_no_priority_event_when_only_the_aging_reference_moved(
-    monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import controller.plan as plan_module
+def test_no_priority_event_when_only_the_aging_reference_moved() -> None:
+    """A weekly rebase rewrites every pending Workload (its values rise by a x period) but the
+    order did not change: no PriorityChanged Event for those writes."""
+    from controller.encoding import next_rebase
 
     api = FakeApi()
     cluster(api)
     workload(api, "team-a", "a1")
     workload(api, "team-a", "a2")
-    c = controller(api, settings())
-    if "terms" not in plan_module.WorkloadDecision.__dataclass_fields__:
-        pytest.skip("WorkloadDecision.terms not there yet (issue 10)")
-    monkeypatch.setattr(plan_module, "change_is_eventful", lambda _old, _new: False,
-                        raising=False)
-    report = c.run_cycle(NOW)
+    c = controller(api, settings(EVENT_RATE_LIMIT="0"))  # no rate limit hides an Event
+    first = c.run_cycle(NOW)
+    assert first.applied is not None and first.applied.counts() == {"applied": 2}
+    events = [e for e in api.writes() if "/events" in e[1]]
+    assert events  # a first priority is worth an Event
+    resync(c)
+    after_rebase = next_rebase(NOW, c.settings.rebase_period) + timedelta(seconds=1)
+    report = c.run_cycle(after_rebase)
     assert report.applied is not None and report.applied.counts() == {"applied": 2}
-    assert not [e for e in api.writes() if "/events" in e[1]]
+    assert [e for e in api.writes() if "/events" in e[1]] == events
 
 
 def test_urgent_and_class_changes_are_written_first_when_the_budget_is_short(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import controller.plan as plan_module
+    import controller.live.runner as runner_module
 
     api = FakeApi()
     cluster(api)
@@ -497,8 +499,8 @@ def test_urgent_and_class_changes_are_written_first_when_the_budget_is_short(
         workload(api, "team-a", f"w{i}")
     c = controller(api, settings())
     c.write_budget = 1
-    monkeypatch.setattr(plan_module, "write_order",
-                        lambda d, _old: 0 if d.key.endswith("w3") else 2, raising=False)
+    monkeypatch.setattr(runner_module, "write_order",
+                        lambda d, _old: 0 if d.key.endswith("w3") else 2)
     report = c.run_cycle(NOW)
     assert report.applied is not None
     (applied,) = [o.change.ref.name for o in report.applied.outcomes if o.result == "applied"]
