@@ -155,7 +155,10 @@ class KubeTransport:
         with self._lock:
             streams, self._streams = list(self._streams), set()
         for raw in streams:
-            with contextlib.suppress(urllib3.exceptions.HTTPError, OSError):
+            # A stream can end (its connection back in the pool) between the copy above and
+            # its shutdown: urllib3 then raises RuntimeError/ValueError; it is closed already.
+            with contextlib.suppress(urllib3.exceptions.HTTPError, OSError, RuntimeError,
+                                     ValueError):
                 if hasattr(raw, "shutdown"):
                     raw.shutdown()
                 else:

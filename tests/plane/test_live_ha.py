@@ -105,6 +105,10 @@ def test_two_replicas_kill_hands_over_within_30s_and_never_two_writers(
         h.create_job(api, namespace, "second", "lq")
         second = h.job_workload(api, namespace, "second")
         kube.wait_for(lambda: _boosted(api, namespace, second), 30, "new leader boosts")
+        # As for the old leader: its cycle logs the writes after the Events and the history
+        # save, so the boost can be visible before that line is.
+        kube.wait_for(lambda: _write_times(_log(logs[follower])) or None, 30,
+                      "the new leader's writing cycle in its log")
 
         a_entries, b_entries = _log(logs[leader]), _log(logs[follower])
         acquired = [_ts(e) for e in b_entries if "acquired leadership" in str(e.get("msg"))]
