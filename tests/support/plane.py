@@ -11,6 +11,14 @@ Binaries come from ``tools/bin`` (built by ``make tools``). Usage outside pytest
 
 Everything is stopped by ``stop()``, on context exit, at interpreter exit and on SIGTERM/SIGHUP.
 
+Kueue's visibility API (``visibility.kueue.x-k8s.io`` v1beta2 and v1beta1, ``pendingworkloads``
+of ClusterQueues and LocalQueues) is served through the apiserver's aggregation layer, as on a
+cluster: Kueue's visibility server listens on this machine's first non-loopback IPv4 address
+(EndpointSlice validation rejects 127.0.0.0/8), a selector-less Service with an EndpointSlice
+points there, and the APIServices trust its certificate (``/visibility``, where Kueue reads it;
+shared by every plane on the machine, see :func:`tests.support.certs.shared_serving_cert`).
+Without such an address the plane starts without it and ``visibility_missing`` says why.
+
 The apiserver writes an audit log (``plane.audit_log``, JSON lines; policy ``AUDIT_POLICY``):
 every write request (create, update, patch, delete) with user, user agent, verb, object,
 response code and timestamps, plus watch requests for Workloads. Tests read it as an
@@ -22,12 +30,15 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import fcntl
 import hashlib
+import ipaddress
 import json
 import os
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
 import tempfile
 import time
@@ -42,7 +53,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from tests.support.certs import Pki, make_pki
+from tests.support.certs import FRONT_PROXY_CLIENT, Pki, make_pki, shared_serving_cert
 from tests.support.procs import PlaneError, Proc, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +64,14 @@ KUEUE_NAMESPACE = "kueue-system"
 KUEUE_CONFIGMAP = "kueue-manager-config"
 KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+# Kueue v0.19 reads its visibility server's certificate from this fixed folder (tls.crt,
+# tls.key; pkg/visibility/server.go) when internal cert management is off.
+VISIBILITY_CERT_DIR = Path("/visibility")
+VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
+VISIBILITY_VERSIONS = ("v1beta2", "v1beta1")
+# The Service of Kueue's config/components/visibility (with its kustomization's name prefix).
+VISIBILITY_SERVICE = "kueue-visibility-server"
+VISIBILITY_DNS = f"{VISIBILITY_SERVICE}.{KUEUE_NAMESPACE}.svc"
 ADMIN_USER = "wdrf-admin"
 FIELD_MANAGER = "wdrf-test-plane"
 # CRDs whose conversion webhook Kueue's kustomization enables.
@@ -171,6 +190,26 @@ def load_yaml_docs(path: Path) -> list[Any]:
     return docs
 
 
+def host_ip() -> str | None:
+    """This machine's first IPv4 address that an EndpointSlice accepts (not loopback,
+    link-local, multicast or unspecified), or None. ``$WDRF_PLANE_HOST_IP`` overrides."""
+    if os.environ.get("WDRF_PLANE_HOST_IP"):
+        return os.environ["WDRF_PLANE_HOST_IP"]
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), siocgifaddr,
+                                     struct.pack("256s", name[:15].encode()))
+            except OSError:  # no IPv4 address on this interface
+                continue
+            ip = ipaddress.IPv4Address(packed[20:24])
+            if not (ip.is_loopback or ip.is_link_local or ip.is_multicast
+                    or ip.is_unspecified):
+                return str(ip)
+    return None
+
+
 def _tls_context(ca: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca))
 
@@ -199,7 +238,12 @@ class Plane:
         self.token = base64.urlsafe_b64encode(os.urandom(24)).decode().rstrip("=")
         self.ports = {n: free_port() for n in (
             "etcd", "etcd-peer", "apiserver", "kueue-webhook", "kueue-health", "kcm",
-            "scheduler", "kwok")}
+            "scheduler", "kwok", "kueue-visibility")}
+        self.host_ip = host_ip()
+        # why the visibility API is not served ("" when it is)
+        self.visibility_missing = "" if self.host_ip else (
+            "this machine has no non-loopback IPv4 address for the EndpointSlice of Kueue's "
+            "visibility server (validation rejects 127.0.0.0/8); set WDRF_PLANE_HOST_IP")
         self.server = f"https://127.0.0.1:{self.ports['apiserver']}"
         self.kubeconfig = self.workdir / "kubeconfig"
         self.audit_log = self.workdir / "logs" / "audit.jsonl"
@@ -209,6 +253,7 @@ class Plane:
         self._bins: dict[str, Path] = {}
         self._kueue_starts = 0
         self._kueue_module: Path | None = None
+        self._visibility_ca = VISIBILITY_CERT_DIR / "ca.crt"
 
     # ----- construction helpers -------------------------------------------------------------
     @classmethod
@@ -263,6 +308,8 @@ class Plane:
             self.start_apiserver()
             self._bootstrap_kueue_objects()
             self.start_kueue()
+            if not self.visibility_missing:
+                self._register_visibility_api()
         except BaseException:
             self.stop()
             raise
@@ -330,6 +377,19 @@ class Plane:
             f"--service-account-signing-key-file={pki.sa_key}",
             "--authorization-mode=RBAC",
             f"--token-auth-file={self.workdir / 'tokens.csv'}",
+            # The aggregation layer (Kueue's visibility API): the client certificate it shows
+            # extension servers, the CA and name they trust it by (published in ConfigMap
+            # kube-system/extension-apiserver-authentication), and routing to the Service's
+            # EndpointSlice instead of its ClusterIP (nothing here routes ClusterIPs).
+            f"--proxy-client-cert-file={pki.front_proxy_crt}",
+            f"--proxy-client-key-file={pki.front_proxy_key}",
+            f"--requestheader-client-ca-file={pki.front_proxy_ca_crt}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-uid-headers=X-Remote-Uid",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--enable-aggregator-routing=true",
             "--allow-privileged=true",
             # Like envtest: pods need no ServiceAccount object (no controller-manager here).
             "--disable-admission-plugins=ServiceAccount",
@@ -369,7 +429,8 @@ class Plane:
     def kueue_config(self, settings: KueueSettings | None = None) -> dict[str, Any]:
         """The Kueue manager configuration (as stored in the ConfigMap) for ``settings``."""
         s = settings or self.kueue_settings
-        gates = {"PriorityBoost": s.priority_boost, "VisibilityOnDemand": False}
+        gates = {"PriorityBoost": s.priority_boost,
+                 "VisibilityOnDemand": not self.visibility_missing}
         gates.update(s.feature_gates)
         cfg: dict[str, Any] = {
             "apiVersion": "config.kueue.x-k8s.io/v1beta2",
@@ -389,6 +450,9 @@ class Plane:
             "integrations": {"frameworks": list(s.frameworks)},
             "featureGates": gates,
         }
+        if gates["VisibilityOnDemand"] and self.host_ip:
+            cfg["visibilityServer"] = {"bindAddress": self.host_ip,
+                                       "bindPort": self.ports["kueue-visibility"]}
         cfg.update(copy.deepcopy(dict(s.extra)))
         return cfg
 
@@ -408,7 +472,16 @@ class Plane:
         certs.mkdir(exist_ok=True)
         shutil.copy(self.pki.serving_crt, certs / "tls.crt")
         shutil.copy(self.pki.serving_key, certs / "tls.key")
-        argv = [str(self._bins["kueue"]), f"--config={path}"]
+        if cfg["featureGates"]["VisibilityOnDemand"]:
+            try:
+                self._visibility_ca = shared_serving_cert(VISIBILITY_CERT_DIR, (VISIBILITY_DNS,))
+            except OSError as e:
+                raise PlaneError(f"what is missing: write access to {VISIBILITY_CERT_DIR} "
+                                 f"(Kueue reads its visibility server's certificate from there "
+                                 f"when internal cert management is off): {e}") from e
+        # --kubeconfig, not only $KUBECONFIG: the visibility server's delegated authentication
+        # and authorization read the file named by that flag (else the in-cluster config).
+        argv = [str(self._bins["kueue"]), f"--config={path}", f"--kubeconfig={self.kubeconfig}"]
         p = self._spawn("kueue", argv, env={"KUBECONFIG": str(self.kubeconfig)})
         t0 = time.monotonic()
         health = f"http://127.0.0.1:{self.ports['kueue-health']}/readyz"
@@ -416,6 +489,14 @@ class Plane:
         wait_until("Kueue webhook TLS port",
                    lambda: _tls_dial(self.ports["kueue-webhook"], self.pki.ca_crt), 30, [p])
         self.timings["kueue"] = time.monotonic() - t0
+        if cfg["featureGates"]["VisibilityOnDemand"] and self.host_ip:
+            t0 = time.monotonic()
+            url = f"https://{self.host_ip}:{self.ports['kueue-visibility']}/readyz"
+            ctx = _tls_context(self._visibility_ca)
+            ctx.check_hostname = False  # verified by the CA; the name is the Service's
+            wait_until("Kueue visibility server /readyz", lambda: _http_ok(url, ctx), 60, [p],
+                       interval=0.1)
+            self.timings["kueue-visibility"] = time.monotonic() - t0
 
     def stop_kueue(self) -> None:
         """Stop Kueue's manager (its webhooks then fail closed, as on a real cluster)."""
@@ -439,6 +520,54 @@ class Plane:
             yield
         finally:
             self.restart_kueue(old)
+
+    # ----- Kueue's visibility API ------------------------------------------------------------
+    def _register_visibility_api(self) -> None:
+        """Service + EndpointSlice to Kueue's visibility server, and Kueue's APIServices
+        (from its module, with the CA instead of insecureSkipTLSVerify); wait until served."""
+        t0 = time.monotonic()
+        assert self.host_ip is not None
+        self._apply({"apiVersion": "v1", "kind": "Service", "metadata": {
+            "name": VISIBILITY_SERVICE, "namespace": KUEUE_NAMESPACE}, "spec": {
+            "ports": [{"name": "https", "port": 443, "protocol": "TCP",
+                       "targetPort": self.ports["kueue-visibility"]}]}})
+        self._apply({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {
+            "name": VISIBILITY_SERVICE, "namespace": KUEUE_NAMESPACE, "labels": {
+                "kubernetes.io/service-name": VISIBILITY_SERVICE,
+                "endpointslice.kubernetes.io/managed-by": FIELD_MANAGER}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [self.host_ip], "conditions": {"ready": True}}],
+            "ports": [{"name": "https", "port": self.ports["kueue-visibility"],
+                       "protocol": "TCP"}]})
+        ca = base64.b64encode(self._visibility_ca.read_bytes()).decode()
+        mod = self.kueue_module_dir() / "config" / "components" / "visibility"
+        for version in VISIBILITY_VERSIONS:
+            svc = load_yaml_docs(mod / f"apiservice_{version}.yaml")[0]
+            svc = copy.deepcopy(svc)
+            svc["spec"].pop("insecureSkipTLSVerify", None)
+            svc["spec"]["caBundle"] = ca
+            svc["spec"]["service"] = {"name": VISIBILITY_SERVICE, "namespace": KUEUE_NAMESPACE,
+                                      "port": 443}
+            self._apply(svc)
+        self.wait_visibility()
+        self.timings["visibility-api"] = time.monotonic() - t0
+
+    def wait_visibility(self, timeout: float = 60) -> None:
+        """Wait until the apiserver serves every visibility version (its APIServices are
+        Available), e.g. after a Kueue restart; PlaneError when the plane cannot serve it."""
+        if self.visibility_missing:
+            raise PlaneError(f"Kueue's visibility API is not served: {self.visibility_missing}")
+
+        def served() -> bool:
+            for v in VISIBILITY_VERSIONS:
+                try:
+                    self.request("GET", f"/apis/{VISIBILITY_GROUP}/{v}")
+                except PlaneError:
+                    return False
+            return True
+
+        wait_until("visibility.kueue.x-k8s.io served by kube-apiserver", served, timeout,
+                   [self.procs["kube-apiserver"], self.procs["kueue"]], interval=0.1)
 
     # ----- end-to-end extras ----------------------------------------------------------------
     def start_e2e(self) -> None:
@@ -583,7 +712,8 @@ class Plane:
             raise PlaneError(f"{method} {path}: HTTP {e.code}: {e.read().decode()[:2000]}") from e
 
     def _apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply (force) of a namespace, ConfigMap, CRD or webhook configuration."""
+        """Server-side apply (force) of a namespace, ConfigMap, CRD, webhook configuration,
+        Service, EndpointSlice or APIService."""
         kind = obj["kind"]
         name = obj["metadata"]["name"]
         paths = {
@@ -595,6 +725,10 @@ class Plane:
                 f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}",
             "ValidatingWebhookConfiguration":
                 f"/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{name}",
+            "Service": f"/api/v1/namespaces/{obj['metadata'].get('namespace')}/services/{name}",
+            "EndpointSlice": f"/apis/discovery.k8s.io/v1/namespaces/"
+                             f"{obj['metadata'].get('namespace')}/endpointslices/{name}",
+            "APIService": f"/apis/apiregistration.k8s.io/v1/apiservices/{name}",
         }
         return self.request("PATCH", paths[kind], obj, "application/apply-patch+yaml",
                             {"fieldManager": FIELD_MANAGER, "force": "true"})
