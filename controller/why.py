@@ -40,6 +40,14 @@ KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 
 JSON = dict[str, Any]
 
+# Everything `why` reads, as (API group, resource, verb), all in the user's namespace: the
+# ClusterRole manifests/why-reader.yaml grants exactly these (tests/unit/test_manifests.py).
+READER_PERMISSIONS = (
+    (KUEUE_GROUP, "workloads", "get"), (KUEUE_GROUP, "workloads", "list"),
+    (KUEUE_GROUP, "localqueues", "get"),
+    (VISIBILITY_GROUP, "localqueues/pendingworkloads", "get"),
+)
+
 
 class Api(Protocol):
     """`controller.live.kube.KubeTransport` (or the tests' fake apiserver)."""
@@ -240,15 +248,26 @@ class Position:
     note: str = ""
 
 
-def visibility_position(api: Api, ns: str, queue: str, name: str) -> Position | None:
-    """From Kueue's visibility API; None when it is not served (or not allowed)."""
+VISIBILITY_NOT_SERVED = "Kueue's visibility API (ClusterQueue-wide position) is not served"
+VISIBILITY_FORBIDDEN = ("not allowed to read Kueue's visibility API (get "
+                        "localqueues/pendingworkloads in visibility.kueue.x-k8s.io, e.g. the "
+                        "wdrf-why-reader ClusterRole), so no ClusterQueue-wide position")
+
+
+def visibility_position(api: Api, ns: str, queue: str, name: str,
+                        why_not: list[str] | None = None) -> Position | None:
+    """From Kueue's visibility API; None when it is not served or not allowed (then the
+    reason, VISIBILITY_NOT_SERVED or VISIBILITY_FORBIDDEN, is appended to ``why_not``)."""
+    forbidden = False
     for version in KUEUE_VERSIONS:
         path = (f"/apis/{VISIBILITY_GROUP}/{version}/namespaces/{ns}/localqueues/{queue}"
                 "/pendingworkloads")
         try:
             doc = api.request("GET", path, query={"limit": "1000"})
         except Exception as exc:
-            if status_of(exc) in (404, 503, 403, 401, 0):
+            status = status_of(exc)
+            if status in (404, 503, 403, 401, 0):
+                forbidden = forbidden or status in (401, 403)
                 continue
             raise
         items = list((doc or {}).get("items") or [])
@@ -261,12 +280,16 @@ def visibility_position(api: Api, ns: str, queue: str, name: str) -> Position | 
                                 of=len(items), source="visibility")
         return Position(of=len(items), source="visibility",
                         note="not (yet) in Kueue's pending list of this LocalQueue")
+    if why_not is not None:
+        why_not.append(VISIBILITY_FORBIDDEN if forbidden else VISIBILITY_NOT_SERVED)
     return None
 
 
-def namespace_position(items: list[JSON], wl: JSON) -> Position:
+def namespace_position(items: list[JSON], wl: JSON,
+                       why_not: str = VISIBILITY_NOT_SERVED) -> Position:
     """Position among the namespace's own pending, active Workloads of the same LocalQueue,
-    in Kueue's order (effective priority, then creation time)."""
+    in Kueue's order (effective priority, then creation time); ``why_not`` says why Kueue's
+    own position is not shown."""
     queue = (wl.get("spec") or {}).get("queueName")
     peers = [w for w in items
              if (w.get("spec") or {}).get("queueName") == queue and is_pending(w)
@@ -278,8 +301,7 @@ def namespace_position(items: list[JSON], wl: JSON) -> Position:
         if (w.get("metadata") or {}).get("uid") == uid:
             return Position(local=i + 1, of=len(peers), source="namespace",
                             note="among this namespace's pending Workloads in the LocalQueue; "
-                                 "Kueue's visibility API (ClusterQueue-wide position) is not "
-                                 "served")
+                                 + why_not)
     return Position(source="namespace", note="not pending")
 
 
@@ -431,7 +453,8 @@ def why(api: Api, ns: str, name: str, kind: str | None = None,
             queue_pending = pending if isinstance(pending, int) else None
     position = Position()
     if state in ("pending", "held") and queue:
-        found = visibility_position(api, ns, queue, str(meta.get("name")))
+        why_not: list[str] = []
+        found = visibility_position(api, ns, queue, str(meta.get("name")), why_not)
         if found is None:
             if items is None:
                 try:
@@ -442,7 +465,7 @@ def why(api: Api, ns: str, name: str, kind: str | None = None,
                     if status_of(exc) != 403:
                         raise
                     items = []
-            found = namespace_position(items, wl) if items else Position(
+            found = namespace_position(items, wl, *why_not) if items else Position(
                 note="not allowed to list the namespace's Workloads")
         position = found
     evicted = ""
@@ -537,18 +560,12 @@ def _transport(kubeconfig: str | None, context: str | None) -> Api:
 def default_namespace(kubeconfig: str | None, context: str | None) -> str:
     """The kubeconfig context's namespace (kubectl's default), else the pod's, else default."""
     try:
-        from kubernetes import config as k8s_config
+        from controller.live.kube import kubeconfig_namespace
 
         path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser(
             "~/.kube/config")
         if os.path.exists(path.split(os.pathsep)[0]):
-            contexts, active = k8s_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
-                config_file=path.split(os.pathsep)[0])
-            chosen = next((c for c in contexts if c.get("name") == context), None) or active
-            ns = ((chosen or {}).get("context") or {}).get("namespace")
-            if ns:
-                return str(ns)
-            return "default"
+            return kubeconfig_namespace(kubeconfig, context) or "default"
     except Exception:  # fall through to the in-cluster file / default
         pass
     try:

@@ -54,6 +54,21 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     return k8s_client.ApiClient(configuration)
 
 
+def kubeconfig_namespace(kubeconfig: str | None = None,
+                         context: str | None = None) -> str | None:
+    """The namespace of the kubeconfig's context (``context`` or the current one), as kubectl
+    defaults to it; None when there is no kubeconfig or it names no namespace."""
+    path = (kubeconfig or os.environ.get("KUBECONFIG")
+            or os.path.expanduser("~/.kube/config")).split(os.pathsep)[0]
+    if not os.path.exists(path):
+        return None
+    contexts, active = k8s_config.list_kube_config_contexts(  # type: ignore[no-untyped-call]
+        config_file=path)
+    chosen = next((c for c in contexts if c.get("name") == context), None) or active
+    ns = ((chosen or {}).get("context") or {}).get("namespace")
+    return str(ns) if ns else None
+
+
 class KubeTransport:
     """`controller.live.api.Transport` over a `kubernetes` ApiClient."""
 

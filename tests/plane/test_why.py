@@ -1,7 +1,10 @@
 """Proof on the real plane: `why` works for an ordinary user with only namespace-scoped read
 rights (a ServiceAccount token bound to a Role in one namespace), resolves a Job to its
-Workload and shows Kueue's own state; `reset` undoes what the live controller wrote (spec mode:
-spec.priority back to the base, every controller annotation gone), dry run first.
+Workload and shows Kueue's own state; with the shipped `wdrf-why-reader` ClusterRole bound in
+the namespace it shows the queue position Kueue's visibility API reports (checked against the
+admin's own read of that API), without it the namespace's own order, saying why; `reset` undoes
+what the live controller wrote (spec mode: spec.priority back to the base, every controller
+annotation gone), dry run first.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from controller.domain import (
     BASE_PRIORITY_ANNOTATION,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
 )
-from controller.why import TERMS_ANNOTATION
+from controller.why import TERMS_ANNOTATION, VISIBILITY_FORBIDDEN
 from tests.plane import live_helpers as h
 from tests.support import kube
+from tests.support.plane import VISIBILITY_GROUP, Plane
 
 pytestmark = pytest.mark.plane
 
@@ -34,19 +38,23 @@ CONTROLLER_ANNOTATIONS = {KUEUE_PRIORITY_BOOST_ANNOTATION, BASE_PRIORITY_ANNOTAT
                           APPLIED_PRIORITY_ANNOTATION, TERMS_ANNOTATION}
 
 
-def reader_kubeconfig(api: k8s.ApiClient, admin_kubeconfig: Path, ns: str, path: Path) -> Path:
-    """A kubeconfig for ServiceAccount `reader` in `ns`, allowed only to read Workloads and
-    LocalQueues in `ns` (what Kueue's kueue-batch-user-role grants), context namespace `ns`."""
-    kube.request(api, "POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": "kueue-reader"},
-        "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"],
-                   "verbs": ["get", "list"]}]}, "application/json")
+def reader_kubeconfig(api: k8s.ApiClient, admin_kubeconfig: Path, ns: str, path: Path,
+                      cluster_role: str | None = None) -> Path:
+    """A kubeconfig for ServiceAccount `reader` in `ns`, context namespace `ns`, allowed only to
+    read in `ns`: Workloads and LocalQueues (a Role), or what ``cluster_role`` grants (bound
+    by a RoleBinding in `ns`)."""
+    if cluster_role is None:
+        kube.request(api, "POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "kueue-reader"},
+            "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "localqueues"],
+                       "verbs": ["get", "list"]}]}, "application/json")
     kube.request(api, "POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": {"name": "kueue-reader"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                    "name": "kueue-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole" if cluster_role else "Role",
+                    "name": cluster_role or "kueue-reader"},
         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}]},
         "application/json")
     token = kube.service_account_token(api, ns, "reader")
@@ -104,6 +112,8 @@ def test_why_as_a_namespace_reader_then_reset(
         assert text.startswith(f"{ns}/{train} (for Job/train)"), text
         assert f"state:          pending in LocalQueue {lq} -> ClusterQueue {cq}" in text, text
         assert "1 of 2 in its LocalQueue" in text, text
+        # the visibility API is served, but this Role does not grant it: said so
+        assert VISIBILITY_FORBIDDEN.split(" (")[0] in text, text
         assert "priority now:   " + str(written["spec"]["priority"]) in text, text
         doc = json.loads(cli(reader, "why", "-o", "json", f"{ns}/train").stdout)
         assert doc["workload"] == train and doc["state"] == "pending"
@@ -133,3 +143,79 @@ def test_why_as_a_namespace_reader_then_reset(
         assert again.returncode == 0 and again.stdout.startswith("reset 0 of 0"), again.stdout
     finally:
         h.cleanup(api, [ns], [cq])
+
+
+def apply_why_reader_role(api: k8s.ApiClient) -> str:
+    """The ClusterRole `wdrf-why-reader` as manifests/ ships it (server-side apply)."""
+    role = next(o for o in kube.render_kustomize(REPO / "manifests")
+                if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "wdrf-why-reader")
+    name: str = role["metadata"]["name"]
+    kube.server_side_apply(api, f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}", role,
+                           "wdrf-test")
+    return name
+
+
+def test_why_shows_kueues_own_position_to_a_namespace_reader(
+    plane: Plane, api: k8s.ApiClient, kubeconfig: Path, tmp_path: Path
+) -> None:
+    """Two namespaces share one ClusterQueue; the reader's own namespace has two pending jobs,
+    the other namespace one with a higher priority than both. `why`, run with the reader's
+    token, must report the positions Kueue's visibility API gives the admin: its job second of
+    two in its LocalQueue and third in the ClusterQueue (the other team's job is ahead)."""
+    plane.wait_visibility()
+    ns, other = kube.create_namespace(api), kube.create_namespace(api)
+    cq = f"cq-{ns}"
+    kube.create_cluster_queue(api, cq, {"cpu": 1}, namespace_selector={"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns, other]}]})
+    kube.create_local_queue(api, ns, "lq", cq)
+    kube.create_local_queue(api, other, "lq", cq)
+    try:
+        h.create_job(api, ns, "running", "lq")
+        kube.wait_for_workload_condition(api, ns, h.job_workload(api, ns, "running"),
+                                         "QuotaReserved")
+        wl: dict[str, str] = {}
+        for job, job_ns, prio in (("train", ns, 50), ("later", ns, 0), ("rival", other, 100)):
+            h.create_job(api, job_ns, job, "lq")
+            wl[job] = h.job_workload(api, job_ns, job)
+            if prio:
+                kube.set_priority(api, job_ns, wl[job], prio)
+            time.sleep(1.1)  # creation times one second apart
+
+        def admin_view() -> dict[str, tuple[int, int]]:
+            """workload -> (position in its LocalQueue, in the ClusterQueue), 1-based, as
+            Kueue's visibility API answers the admin."""
+            doc = kube.request(api, "GET", f"/apis/{VISIBILITY_GROUP}/v1beta2/clusterqueues/"
+                                           f"{cq}/pendingworkloads")
+            return {i["metadata"]["name"]: (i["positionInLocalQueue"] + 1,
+                                            i["positionInClusterQueue"] + 1)
+                    for i in doc["items"]}
+
+        expected = {wl["rival"]: (1, 1), wl["train"]: (1, 2), wl["later"]: (2, 3)}
+        kube.wait_for(lambda: admin_view() == expected, 30,
+                      f"Kueue's pending order rival, train, later in {cq}",
+                      lambda: str(admin_view()))
+
+        reader = reader_kubeconfig(api, kubeconfig, ns, tmp_path / "reader.kubeconfig",
+                                   cluster_role=apply_why_reader_role(api))
+        reader_api = kube.token_client(api, yaml.safe_load(reader.read_text())[
+            "users"][0]["user"]["token"])
+        # namespace-scoped: neither the ClusterQueue's list nor another namespace's queue
+        for path in (f"clusterqueues/{cq}", f"namespaces/{other}/localqueues/lq"):
+            status, _ = kube.denial(lambda path=path: kube.request(  # type: ignore[misc]
+                reader_api, "GET", f"/apis/{VISIBILITY_GROUP}/v1beta2/{path}/pendingworkloads"))
+            assert status == 403, path
+        assert kube.denial(lambda: kube.request(
+            reader_api, "GET", f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{other}/workloads"
+        ))[0] == 403
+
+        out = cli(reader, "why", "-o", "json", "later")
+        assert out.returncode == 0, out.stdout + out.stderr
+        pos = json.loads(out.stdout)["position"]
+        witness = admin_view()
+        assert witness == expected  # nothing moved while `why` ran
+        assert (pos["local"], pos["cluster"]) == witness[wl["later"]] == (2, 3), pos
+        assert (pos["of"], pos["source"], pos["note"]) == (2, "visibility", ""), pos
+        text = cli(reader, "why", f"{ns}/train").stdout
+        assert f"position:       1 of 2 in its LocalQueue, 2 in ClusterQueue {cq}" in text, text
+    finally:
+        h.cleanup(api, [ns, other], [cq])

@@ -151,6 +151,7 @@ def test_kustomize_renders_expected_objects(rendered: list[Obj]) -> None:
     expected_prefixes = [
         "ClusterRole/wdrf-controller",
         "ClusterRole/wdrf-metrics-reader",
+        "ClusterRole/wdrf-why-reader",
         "ClusterRoleBinding/wdrf-controller",
         "ConfigMap/wdrf-admission-params",
         "ConfigMap/wdrf-controller-config-",  # generated, with a content hash
@@ -683,6 +684,17 @@ def test_secure_metrics_component_moves_metrics_to_https_and_keeps_probes_plain(
 def test_metrics_reader_grants_only_get_metrics(rendered: list[Obj]) -> None:
     reader = find(rendered, "ClusterRole", "wdrf-metrics-reader")
     assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+
+
+def test_why_reader_grants_exactly_what_why_reads(rendered: list[Obj]) -> None:
+    """The users' ClusterRole for `why` (bound per namespace) is exactly why's reads: no list
+    of LocalQueues, nothing cluster-wide (no clusterqueues/pendingworkloads), no writes."""
+    from controller.why import READER_PERMISSIONS
+
+    reader = find(rendered, "ClusterRole", "wdrf-why-reader")
+    assert set(rule_triples(reader["rules"])) == set(READER_PERMISSIONS)
+    assert not [b for b in rendered if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                and b["roleRef"]["name"] == "wdrf-why-reader"]  # users bind it per namespace
 
 
 def test_network_policies_select_the_pods_and_limit_ingress_to_the_metrics_port(

@@ -102,7 +102,7 @@ def test_why_resolves_a_job_to_its_workload_and_explains(api: FakeApi) -> None:
     assert (r.position.local, r.position.of, r.position.source) == (2, 2, "namespace")
     text = why_mod.render_text(r)
     assert "Kueue says:     Pending: couldn't assign flavors" in text
-    assert "2 of 2 in its LocalQueue" in text and "visibility API" in text
+    assert "2 of 2 in its LocalQueue" in text and why_mod.VISIBILITY_NOT_SERVED in text
     assert "kubectl annotate -n team-a job train wdrf.x-k8s.io/approved=true" in text
     assert "Team team-a uses about 1.9-2.1x its share of ClusterQueue cq-gpu" in text
     assert "no free quota" in text
@@ -123,6 +123,15 @@ def test_why_uses_the_visibility_api_when_served(api: FakeApi) -> None:
     r = why(api, "team-a", "train", now=NOW)
     assert (r.position.local, r.position.cluster, r.position.source) == (2, 8, "visibility")
     assert "2 of 2 in its LocalQueue, 8 in ClusterQueue cq-gpu" in why_mod.render_text(r)
+
+
+def test_why_says_when_the_visibility_api_is_forbidden(api: FakeApi) -> None:
+    put(api, workload("job-train-abcde", owner=("Job", "train")))
+    api.fail("GET", "/localqueues/lq/pendingworkloads", 403, times=2)  # v1beta2, then v1beta1
+    r = why(api, "team-a", "train", now=NOW)
+    assert (r.position.local, r.position.source) == (1, "namespace")
+    assert r.position.note.endswith(why_mod.VISIBILITY_FORBIDDEN), r.position.note
+    assert "localqueues/pendingworkloads" in why_mod.render_text(r)
 
 
 def test_why_any_owner_kind_and_ambiguity(api: FakeApi) -> None:
