@@ -75,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    " or 'team=w,...' (default: all 1)")
     p.add_argument("--policies", default=",".join(ALL_POLICIES),
                    help=f"comma list from {', '.join(ALL_POLICIES)}, wdrf-halflife=<hours>, "
-                   "wdrf:KEY=VALUE[:KEY=VALUE...] (WDRF with config keys changed)")
+                   "wdrf[-fs]:KEY=VALUE[:KEY=VALUE...] (WDRF, or WDRF + Fair Sharing, with "
+                   "config keys changed)")
     p.add_argument("--preemption", choices=sorted(PREEMPTION), default="lower",
                    help="withinClusterQueue for every policy: never, lower (LowerPriority) or "
                    "lower-or-newer (LowerOrNewerEqualPriority); reclaimWithinCohort Any in a "

@@ -142,7 +142,7 @@ def p_fraction(raw: object) -> float:
 def p_hysteresis(raw: object) -> float:
     f = _number(raw)
     if not 0 <= f <= 5:
-        raise ValueError("must be 0..5 (fractions of a fairness level)")
+        raise ValueError("must be 0..5 (fairness levels)")
     return f
 
 
@@ -408,8 +408,8 @@ class Settings:
         "FAIRNESS_LEVELS", 50, p_pos_int, "fairness factor quantization levels"
     )
     fairness_hysteresis: float = setting(
-        "FAIRNESS_HYSTERESIS", 0.5, p_hysteresis,
-        "a team changes fairness level only past this fraction of a level beyond it",
+        "FAIRNESS_HYSTERESIS", 2.0, p_hysteresis,
+        "a team changes fairness level only this many levels (0..5) past it",
     )
     aging_coefficient: float = setting(
         "AGING_COEFFICIENT", 1.0, p_nonneg_float, "aging points per second waited"

@@ -185,16 +185,19 @@ def _meaningful(terms: Mapping[str, str]) -> dict[str, str]:
 
 
 def write_order(decision: WorkloadDecision, old_terms: str | None) -> int:
-    """When the per-cycle write budget is short, apply lower numbers first: 0 = urgent work,
-    a class or override change, or an admitted guard (preemption safety); 1 = other meaningful
-    changes (fairness level, requeue, new Workload); 2 = a rebase only."""
+    """When the per-cycle write budget is short, apply lower numbers first: 0 = an admitted
+    guard (preemption safety: it must land before any pending raise of the same plan that
+    reaches the guarded Workload); 1 = urgent work, a class or override change; 2 = other
+    meaningful changes (fairness level, requeue, new Workload); 3 = a rebase only."""
     b = decision.breakdown
+    if decision.admitted:
+        return 0
+    if b is not None and b.priority_class is PriorityClass.URGENT:
+        return 1
     old = parse_terms(old_terms)
     new = parse_terms(decision.terms)
-    if decision.admitted or (b is not None and b.priority_class is PriorityClass.URGENT):
-        return 0
     if old and (old.get("class") != new.get("class") or old.get("override") != new.get("override")):
-        return 0
+        return 1
     if old_terms is not None and not change_is_eventful(old_terms, decision.terms):
-        return 2
-    return 1
+        return 3
+    return 2

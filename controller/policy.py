@@ -15,7 +15,8 @@ Pending:  priority = class_weight x PRIORITY_CLASS_UNIT + base term + fairness +
           aging = a x clamp(R + P - queued_since, 0, MAX_AGING_TIME + P) does not move with
           the clock (docs/policy.md); an admin override sets the priority outright.
 Admitted: the class guard (`Settings.guard`), above every pending Workload that must not
-          preempt it, so Kueue's preemption only ever sees class differences.
+          preempt it, written once such a Workload reaches it (`guard_admitted`), so Kueue's
+          preemption only ever sees class differences.
 """
 
 from __future__ import annotations
@@ -411,12 +412,46 @@ def _unchanged(m: Member, c: Classified, problems: tuple[InputProblem, ...],
     )
 
 
+Threats = Mapping[tuple[str, PriorityClass], int]
+
+
+def pending_threats(scored: Iterable[Scored]) -> Threats:
+    """Per (pool, class), the highest priority a pending Workload of that class has now or is
+    given by this plan: both values exist while the plan is being written."""
+    out: dict[tuple[str, PriorityClass], int] = {}
+    for s in scored:
+        c = s.classified
+        now_priority = (s.member.workload.priority or 0) + (c.current_boost or 0)
+        key = (s.member.pool, c.priority_class)
+        value = max(s.target, now_priority)
+        if value > out.get(key, INT32_MIN - 1):
+            out[key] = value
+    return MappingProxyType(out)
+
+
+def _protected_from(settings: Settings) -> Mapping[PriorityClass, tuple[PriorityClass, ...]]:
+    """For each class of admitted work, the pending classes that must not preempt it: its own
+    and lower ones, and approved for normal unless APPROVED_PREEMPTS_NORMAL (`Settings.guard`)."""
+    out: dict[PriorityClass, tuple[PriorityClass, ...]] = {}
+    for cls in PriorityClass:
+        protect = cls
+        if cls is PriorityClass.NORMAL and not settings.approved_preempts_normal:
+            protect = PriorityClass.APPROVED
+        limit = settings.class_term(protect)
+        out[cls] = tuple(p for p in PriorityClass if settings.class_term(p) <= limit)
+    return out
+
+
 def guard_admitted(
-    acc: Accounts, g: Gathered, settings: Settings, now: datetime
+    acc: Accounts, g: Gathered, settings: Settings, now: datetime, threats: Threats,
 ) -> list[WorkloadDecision]:
-    """Admitted Workloads that preemption can reach get their class guard."""
+    """Admitted Workloads that preemption can reach get their class guard once a pending
+    Workload that must not preempt them reaches their priority (`threats`, this plan's values
+    included: the runner writes guards first). Until then, and once guarded, nothing is
+    written: most Workloads are admitted before anything outranks them."""
     pools = preempting_pools(g.queues.values())
     classes = _ClassTerms(settings)
+    protected_from = _protected_from(settings)
     # Guards of one (class, team, pool, base, override) share their breakdown and terms.
     shared: dict[tuple[object, ...], tuple[PriorityBreakdown, str, int, str]] = {}
     out: list[WorkloadDecision] = []
@@ -429,6 +464,12 @@ def guard_admitted(
             out.append(_unchanged(m, c, c.problems, admitted=True, rank=-1))
             continue
         cls = c.priority_class
+        if c.override is None:
+            current = (w.priority or 0) + (c.current_boost or 0)
+            threat = max((threats.get((m.pool, p), INT32_MIN - 1) for p in protected_from[cls]),
+                         default=INT32_MIN - 1)
+            if threat < current and current != classes.guard[cls]:
+                continue  # nothing can preempt it yet: no write
         key = (cls, m.team, m.pool, c.base, c.override)
         hit = shared.get(key)
         if hit is None:
@@ -540,8 +581,10 @@ def compute_plan(
     every admitted Workload that preemption can reach. Pure and deterministic."""
     g = gather(snapshot)
     acc = account(g, snapshot, settings, now, history)
-    decisions = order(score_pending(acc, g, snapshot, settings, now))
-    decisions += guard_admitted(acc, g, settings, now)
+    scored = score_pending(acc, g, snapshot, settings, now)
+    threats = pending_threats(scored)
+    decisions = order(scored)
+    decisions += guard_admitted(acc, g, settings, now, threats)
     return Plan(
         now=now,
         decisions=tuple(decisions),

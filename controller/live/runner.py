@@ -138,9 +138,9 @@ def queue_warnings(queues: Iterable[ClusterQueue]) -> list[str]:
 
 
 def order_writes(changes: list[Change]) -> list[Change]:
-    """Priority writes, most important first (`controller.plan.write_order`: urgent work,
-    class and override changes and admitted guards, then other changes, rebases last);
-    stable within a group."""
+    """Priority writes, most important first (`controller.plan.write_order`: admitted guards,
+    then urgent work, class and override changes, then other changes, rebases last); stable
+    within a group."""
     return sorted(changes, key=lambda c: write_order(c.decision, c.old_terms))
 
 

@@ -258,16 +258,20 @@ def make_policy(key: str, opts: Options, zero: datetime, settings: Settings,
         fs = replace(k, topology=COHORT, fair_sharing=True,
                      reclaim_within_cohort=ANY if k.within_cluster_queue != NEVER else NEVER)
         return WdrfKueue(base, zero, name=WDRF_FS_NAME), fs
-    if key.startswith("wdrf:"):
+    if key.startswith(("wdrf:", "wdrf-fs:")):
         s = with_overrides(base, **parse_variant(key))
         label = ", ".join(kv.replace("=", " ", 1) for kv in key.split(":")[1:] if kv.strip())
+        if key.startswith("wdrf-fs:"):
+            fs = replace(k, topology=COHORT, fair_sharing=True,
+                         reclaim_within_cohort=ANY if k.within_cluster_queue != NEVER else NEVER)
+            return WdrfKueue(s, zero, name=f"{WDRF_FS_NAME}, {label}"), fs
         return WdrfKueue(s, zero, name=f"WDRF, {label}"), k
     if key.startswith("wdrf-halflife="):
         hl = float(key.split("=", 1)[1]) * 3600.0
         s = with_overrides(base, usage_half_life=hl)
         return WdrfKueue(s, zero, name=f"WDRF, USAGE_HALF_LIFE {hl / 3600:g} h"), k
     raise ValueError(f"unknown policy {key!r} (expected {', '.join(ALL_POLICIES)}, "
-                     "wdrf-halflife=<hours>, or wdrf:KEY=VALUE[:KEY=VALUE...])")
+                     "wdrf-halflife=<hours>, or wdrf[-fs]:KEY=VALUE[:KEY=VALUE...])")
 
 
 # -- running -------------------------------------------------------------------------------------

@@ -197,14 +197,15 @@ class WdrfKueue(Policy):
 
     # -- the controller cycle ------------------------------------------------------------------
     def _aggregate(self, team: str, cq: str, cls: PriorityClass, used: int) -> Workload:
-        """One admitted Workload standing for a team's admitted work of one class in one
-        ClusterQueue: `used` GPU-percent as `used` GPUs at 1 % each (GPU-equivalents exact)."""
+        """One admitted Workload standing for a team's guarded admitted work of one class in
+        one ClusterQueue (it carries the guard, as they do): `used` GPU-percent as `used` GPUs
+        at 1 % each (GPU-equivalents exact)."""
         key = (team, cq, cls)
         cached = self.agg_cache.get(key)
         if cached is not None and cached[0] == used:
             return cached[1]
         res = {GPU: Decimal(used), GPUCORES: Decimal(1), GPUMEM_PERCENTAGE: Decimal(1)}
-        ann: dict[str, str] = {}
+        ann = {KUEUE_PRIORITY_BOOST_ANNOTATION: str(self.settings.guard(cls))}
         if cls is PriorityClass.URGENT:
             ann[URGENT_ANNOTATION] = "true"
         elif cls is PriorityClass.APPROVED:
@@ -231,11 +232,12 @@ class WdrfKueue(Policy):
         if self.aggregate_admitted:
             workloads: list[Workload] = []
             sums: dict[tuple[str, str, PriorityClass], list[int]] = {}
+            guard = {c: self.settings.guard(c) for c in PriorityClass}
             for jid, w in self.wl.items():
-                if sim.state[jid] == PENDING:
-                    workloads.append(w)
+                job = sim.jobs[jid]
+                if sim.state[jid] == PENDING or self.prio.get(jid) != guard[job.cls]:
+                    workloads.append(w)  # pending, or admitted and not (yet) guarded
                 else:
-                    job = sim.jobs[jid]
                     sums.setdefault((job.team, sim.cq_of_team[job.team], job.cls), []).append(jid)
             for (team, cq, cls), members in sums.items():
                 agg = self._aggregate(team, cq, cls, sum(sim.jobs[j].need for j in members))

@@ -146,7 +146,7 @@ def test_resource_weight_zero_ignores_resource() -> None:
 
 
 def test_fairness_level_hysteresis_holds_near_a_boundary_and_moves_past_it() -> None:
-    s = Settings()  # 50 levels, hysteresis 0.5 level
+    s = Settings(fairness_hysteresis=0.5)  # 50 levels, hysteresis 0.5 level
     # exact position 2^(-s*W) * 50 with W = 1: pick shares around level 25 (factor 0.5)
     def share_for(position: float) -> float:
         import math

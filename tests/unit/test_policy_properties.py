@@ -22,6 +22,7 @@ from controller.config import INT32_MAX, INT32_MIN, MAX_BOOST, Settings
 from controller.domain import (
     APPROVED_ANNOTATION,
     GPU,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
     PRIORITY_OVERRIDE_ANNOTATION,
     PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
@@ -272,39 +273,95 @@ def test_starvation_bound_on_compute_plan(
 # 3. Preemption-safe by construction
 
 
+def effective(plan: Plan, w: Workload) -> int:
+    """`w`'s priority once `plan` is written: the decision's, or what it carries already."""
+    d = next((d for d in plan.decisions if d.key == w.key), None)
+    if d is not None:
+        return d.target_priority
+    return (w.priority or 0) + int(w.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0"))
+
+
+def with_current(w: Workload, current: int) -> Workload:
+    """`w` as Kueue sees it after earlier cycles: effective priority `current` (boost mode)."""
+    return replace(w, annotations={**w.annotations,
+                                   KUEUE_PRIORITY_BOOST_ANNOTATION: str(current)})
+
+
 @FAST
 @given(usage_st, pending_st, st.sampled_from(CLASSES), st.booleans(),
-       st.sampled_from(["LowerPriority", "LowerOrNewerEqualPriority"]))
+       st.sampled_from(["LowerPriority", "LowerOrNewerEqualPriority"]),
+       st.lists(st.one_of(st.just(0), st.just(-1), st.floats(0, 1)), min_size=1, max_size=20))
 def test_no_pending_workload_can_preempt_an_admitted_one_of_its_class(
     usage: dict[str, tuple[int, int, int]], spec: list[tuple[int, PriorityClass, float]],
     admitted_cls: PriorityClass, approved_preempts: bool, within: str,
+    currents: list[float],
 ) -> None:
-    """Every admitted Workload's guard is strictly above every pending Workload of its own class
-    (and of approved, for normal, unless APPROVED_PREEMPTS_NORMAL): aging and fairness can
-    never make Kueue preempt within a class, not even with LowerOrNewerEqualPriority. Urgent
-    work still preempts lower classes."""
+    """After the plan is written, every admitted Workload is strictly above every pending
+    Workload of its own class (and of approved, for normal, unless APPROVED_PREEMPTS_NORMAL),
+    whether the pending one carries its old or its new value: aging and fairness never make
+    Kueue preempt within a class, not even with LowerOrNewerEqualPriority. Guards are written
+    only where needed, so an admitted Workload may keep its earlier value (0, a pending value
+    of its class, or its guard). Urgent work still preempts lower classes."""
     s = S if not approved_preempts else make_settings(
         approved_preempts_normal=True, priority_class_unit=3000, max_aging_time=86400.0,
         rebase_period=86400.0)
     spec = [(t, c, min(w, s.max_aging_time * 3)) for t, c, w in spec]
-    snap = replace(snapshot(admitted(usage, admitted_cls) + pending(spec), gpus=16, teams=TEAMS),
+
+    def class_of(w: Workload) -> PriorityClass:  # slices and CPU Workloads are normal
+        return admitted_cls if "-whole-" in w.name else PriorityClass.NORMAL
+
+    def current(i: int, cls: PriorityClass) -> int:
+        x = currents[i % len(currents)]
+        if x == -1:
+            return s.guard(cls)
+        return 0 if x == 0 else s.class_term(cls) + int(x * s.band_span())
+
+    running = [with_current(w, current(i, class_of(w)))
+               for i, w in enumerate(admitted(usage, admitted_cls))]
+    waiting = pending(spec)
+    snap = replace(snapshot(running + waiting, gpus=16, teams=TEAMS),
                    cluster_queues=(preempting(within),))
     plan = compute_plan(snap, s, NOW)
-    guards = [d for d in plan.decisions if d.admitted]
-    assume(guards)
-    for g in guards:
-        assert g.breakdown is not None
-        gcls = g.breakdown.priority_class
-        for p in (d for d in plan.decisions if not d.admitted):
-            assert p.breakdown is not None
-            pcls = p.breakdown.priority_class
-            protected = RANK[pcls] <= RANK[gcls] or (
-                gcls is PriorityClass.NORMAL and pcls is PriorityClass.APPROVED
+    by_key = {d.key: d for d in plan.decisions}
+    after = {w.key: by_key[w.key].target_priority if w.key in by_key
+             else current(i, class_of(w)) for i, w in enumerate(running)}
+    assume(running)
+    for a in running:
+        cls = class_of(a)
+        for p in waiting:
+            d = by_key[p.key]
+            assert d.breakdown is not None
+            pcls = d.breakdown.priority_class
+            protected = RANK[pcls] <= RANK[cls] or (
+                cls is PriorityClass.NORMAL and pcls is PriorityClass.APPROVED
                 and not s.approved_preempts_normal)
             if protected:
-                assert p.target_priority < g.target_priority, (p.key, g.key)
+                assert max(d.target_priority, p.priority or 0) < after[a.key], (p.key, a.key)
             else:  # a higher class: it may preempt (what "urgent" means to an admin)
-                assert p.target_priority > g.target_priority, (p.key, g.key)
+                assert d.target_priority > after[a.key], (p.key, a.key)
+
+
+@FAST
+@given(st.integers(1, 8), st.sampled_from(CLASSES))
+def test_guards_are_written_only_when_something_reaches_the_admitted_workload(
+    n: int, cls: PriorityClass,
+) -> None:
+    """An admitted Workload above every pending Workload that must not preempt it gets no
+    write; one that a pending Workload reaches gets its guard (at most one write each)."""
+    high = S.class_term(cls) + S.band_span()
+    running = [with_current(wl(f"run{i}", admitted=True, annotations=CLASS_ANN[cls]), high)
+               for i in range(n)]
+    quiet = replace(snapshot(running, gpus=16), cluster_queues=(preempting(),))
+    assert not [d for d in compute_plan(quiet, S, NOW).decisions if d.admitted]
+    reached = replace(snapshot([*running, wl("new", annotations=CLASS_ANN[cls],
+                                             priority=high)], gpus=16),
+                      cluster_queues=(preempting(),))
+    guards = [d for d in compute_plan(reached, S, NOW).decisions if d.admitted]
+    assert len(guards) == n and {d.target_priority for d in guards} == {S.guard(cls)}
+    guarded = replace(reached, workloads=tuple(
+        with_current(w, S.guard(cls)) if w.quota_reserved else w for w in reached.workloads))
+    again = [d for d in compute_plan(guarded, S, NOW).decisions if d.admitted]
+    assert all(d.target_priority == S.guard(cls) for d in again)  # no write: already there
 
 
 @FAST
@@ -321,13 +378,16 @@ def test_an_evicted_workload_never_preempts_its_evictor(
     x_admitted = wl("x", "team-a", admitted=True, annotations=CLASS_ANN[victim_cls])
     p1 = compute_plan(replace(snapshot([*admitted(usage), y, x_admitted], teams=TEAMS),
                               cluster_queues=(cq,)), S, NOW)
-    if decision(p1, "team-b/y").target_priority <= decision(p1, "team-a/x").target_priority:
+    y_value = decision(p1, "team-b/y").target_priority
+    if y_value <= effective(p1, x_admitted):
         return  # Y could not preempt X in the first place
-    y_admitted = wl("y", "team-b", admitted=True, annotations=CLASS_ANN[evictor_cls])
+    # Y is admitted carrying the value it was given while pending.
+    y_admitted = with_current(wl("y", "team-b", admitted=True,
+                                 annotations=CLASS_ANN[evictor_cls]), y_value)
     x = wl("x", "team-a", wait=wait, annotations=CLASS_ANN[victim_cls])
     p2 = compute_plan(replace(snapshot([*admitted(usage), y_admitted, x], teams=TEAMS),
                               cluster_queues=(cq,)), S, NOW)
-    assert decision(p2, "team-a/x").target_priority < decision(p2, "team-b/y").target_priority
+    assert decision(p2, "team-a/x").target_priority < effective(p2, y_admitted)
 
 
 def test_admitted_workloads_get_guards_only_where_preemption_can_reach_them() -> None:
