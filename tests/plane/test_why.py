@@ -145,13 +145,18 @@ def test_why_as_a_namespace_reader_then_reset(
         h.cleanup(api, [ns], [cq])
 
 
-def apply_why_reader_role(api: k8s.ApiClient) -> str:
-    """The ClusterRole `wdrf-why-reader` as manifests/ ships it (server-side apply)."""
+CLUSTER_ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
+
+
+def create_why_reader_role(api: k8s.ApiClient) -> str:
+    """The rules of ClusterRole `wdrf-why-reader` as manifests/ ships it, under a name of this
+    test's own (so a later `helm install` of the chart finds no foreign object of its name)."""
     role = next(o for o in kube.render_kustomize(REPO / "manifests")
                 if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "wdrf-why-reader")
-    name: str = role["metadata"]["name"]
-    kube.server_side_apply(api, f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}", role,
-                           "wdrf-test")
+    name = kube.unique_name("wdrf-why-reader")
+    kube.request(api, "POST", CLUSTER_ROLES, {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": name}, "rules": role["rules"]}, "application/json")
     return name
 
 
@@ -169,6 +174,7 @@ def test_why_shows_kueues_own_position_to_a_namespace_reader(
         "key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns, other]}]})
     kube.create_local_queue(api, ns, "lq", cq)
     kube.create_local_queue(api, other, "lq", cq)
+    role = create_why_reader_role(api)
     try:
         h.create_job(api, ns, "running", "lq")
         kube.wait_for_workload_condition(api, ns, h.job_workload(api, ns, "running"),
@@ -196,7 +202,7 @@ def test_why_shows_kueues_own_position_to_a_namespace_reader(
                       lambda: str(admin_view()))
 
         reader = reader_kubeconfig(api, kubeconfig, ns, tmp_path / "reader.kubeconfig",
-                                   cluster_role=apply_why_reader_role(api))
+                                   cluster_role=role)
         reader_api = kube.token_client(api, yaml.safe_load(reader.read_text())[
             "users"][0]["user"]["token"])
         # namespace-scoped: neither the ClusterQueue's list nor another namespace's queue
@@ -219,3 +225,4 @@ def test_why_shows_kueues_own_position_to_a_namespace_reader(
         assert f"position:       1 of 2 in its LocalQueue, 2 in ClusterQueue {cq}" in text, text
     finally:
         h.cleanup(api, [ns, other], [cq])
+        kube.request(api, "DELETE", f"{CLUSTER_ROLES}/{role}")
