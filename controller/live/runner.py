@@ -34,7 +34,6 @@ from controller.config import Settings
 from controller.domain import (
     GPUCORES,
     GPUMEM_PERCENTAGE,
-    ClusterQueue,
     KueueApiVersion,
 )
 from controller.live.api import (
@@ -116,25 +115,6 @@ def default_parsers() -> Parsers:
 
     return Parsers(parse_workload, parse_cluster_queue, parse_local_queue, parse_job, parse_node,
                    parse_owner)
-
-
-def queue_warnings(queues: Iterable[ClusterQueue]) -> list[str]:
-    """Per ClusterQueue: where raised priorities can evict running work, or AFS reorders."""
-    out: list[str] = []
-    for q in sorted(queues, key=lambda c: c.name):
-        p = q.preemption
-        if p.can_evict:
-            out.append(
-                f"ClusterQueue {q.name}: preemption withinClusterQueue={p.within_cluster_queue}"
-                f", reclaimWithinCohort={p.reclaim_within_cohort}: raising a pending workload's"
-                " priority can preempt running workloads"
-            )
-        if q.admission_fair_sharing:
-            out.append(
-                f"ClusterQueue {q.name}: Admission Fair Sharing orders by LocalQueue usage "
-                "before priority; the controller's order will not hold there"
-            )
-    return out
 
 
 def order_writes(changes: list[Change]) -> list[Change]:
@@ -473,7 +453,7 @@ class LiveController:
         stale = self.stale_caches()
         self.health.set_stale(stale)
         self._observe(plan, built)
-        self._warn_queues(built.snapshot.cluster_queues)
+        self._warn(plan.warnings)
         report = CycleReport(plan, leader=self.may_write())
         if report.leader and stale:
             report.paused = "stale cache: " + ", ".join(stale)
@@ -567,11 +547,13 @@ class LiveController:
         synced = all(i.synced for i in self.informers.values())
         self.health.set_ready(synced, "" if synced else "caches not synced")
 
-    def _warn_queues(self, queues: Iterable[ClusterQueue]) -> None:
-        for warning in queue_warnings(queues):
-            if warning not in self._warned:
-                self._warned.add(warning)
-                log.warning("%s", warning)
+    def _warn(self, warnings: Iterable[str]) -> None:
+        """The plan's warnings (settings, ClusterQueues, unknown LocalQueues), each logged when it
+        appears, not every cycle."""
+        current = set(warnings)
+        for warning in sorted(current - self._warned):
+            log.warning("%s", warning)
+        self._warned = current
 
     def _log_cycle(self, report: CycleReport) -> None:
         counts = report.applied.counts() if report.applied else {}
@@ -640,4 +622,4 @@ class LiveController:
             close()  # end open watches now rather than at their server-side timeout
 
 
-__all__ = ["CycleReport", "LiveController", "queue_warnings"]
+__all__ = ["CycleReport", "LiveController"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -23,7 +24,7 @@ from controller.live.api import (
     LOCAL_QUEUES,
     WORKLOADS,
 )
-from controller.live.runner import LiveController, queue_warnings
+from controller.live.runner import LiveController
 from controller.plan import PriorityMode
 from tests.support.fake import FakeApi
 
@@ -272,19 +273,30 @@ def test_trigger_on_new_urgent_workload() -> None:
     assert c.trigger.is_set()
 
 
-def test_queue_warnings_name_each_risky_queue() -> None:
-    from controller.domain import ClusterQueue, KueueApiVersion, Preemption
-
-    queues = [
-        ClusterQueue("safe", KueueApiVersion.V1BETA2),
-        ClusterQueue("evicts", KueueApiVersion.V1BETA2,
-                     preemption=Preemption(within_cluster_queue="LowerPriority")),
-        ClusterQueue("afs", KueueApiVersion.V1BETA2, admission_fair_sharing=True),
-    ]
-    warnings = queue_warnings(queues)
-    assert len(warnings) == 2
-    assert "evicts" in warnings[1] and "preempt" in warnings[1]
-    assert "afs" in warnings[0] and "Admission Fair Sharing" in warnings[0]
+def test_the_plans_warnings_are_logged_when_they_appear_not_every_cycle(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The runner logs the plan's own warnings (one source with --dry-run): a
+    LowerOrNewerEqualPriority ClusterQueue is named once, not again next cycle; a plain
+    LowerPriority one gets no warning (guards make it safe)."""
+    api = FakeApi()
+    cluster(api)
+    for name, within in (("lone", "LowerOrNewerEqualPriority"), ("plain", "LowerPriority")):
+        api.put_object(CLUSTER_QUEUES.item(name), {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+            "metadata": {"name": name},
+            "spec": {"preemption": {"withinClusterQueue": within},
+                     "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+                         {"name": "default",
+                          "resources": [{"name": "cpu", "nominalQuota": "4"}]}]}]}})
+    workload(api, "team-a", "w")
+    c = controller(api, settings())
+    with caplog.at_level(logging.WARNING, logger="controller.live.runner"):
+        c.run_cycle(NOW)
+        c.run_cycle(NOW + timedelta(seconds=10))
+    lines = [r.getMessage() for r in caplog.records if "ClusterQueue" in r.getMessage()]
+    assert len([m for m in lines if "lone" in m and "LowerOrNewerEqualPriority" in m]) == 1
+    assert not [m for m in lines if "plain" in m]
 
 
 @pytest.mark.parametrize("denied,code", [(set(), 0), ({"patch workloads"}, 1)])
