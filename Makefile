@@ -71,8 +71,9 @@ unit: venv
 eval-trace: venv
 	$(PY) bench/trace_eval.py --jobs $(or $(EVAL_JOBS),2)
 
-test: venv tools promtool lint
-	$(PY) -m pytest
+# The whole suite, the image test included (pyproject's addopts leave it out of a bare pytest).
+test: venv tools promtool image-tools lint
+	$(PY) -m pytest -m "image or not image"
 
 cluster: venv tools
 	$(PY) -m tests.support.cluster $(CLUSTER_ARGS)

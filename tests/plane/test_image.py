@@ -4,8 +4,8 @@ engine and no container registry here), on a base image made from Debian package
 Dockerfile's PYTHON_IMAGE build argument). In the image, as UID 65532 like the Deployment:
 `--dry-run --from-file` prints the plan, and `--health-check` against the test plane is healthy.
 
-Run by `make image-test` (not part of `make test`: 2 min with the base image cached, about
-3.5 min without); buildah and debootstrap come from `make image-tools`. The base image is kept
+Run by `make test` and `make image-test` (2 min with the base image cached, about 3.5 min
+without; a bare `pytest` leaves it out); buildah and debootstrap come from `make image-tools`. The base image is kept
 in buildah's storage between runs (made again when missing, about 80 s).
 """
 
