@@ -1,7 +1,7 @@
 """Prometheus metrics (prefix `wdrf_`) and the HTTP server for /metrics, /healthz and /readyz.
 
-Labels are bounded: class, team, ClusterQueue, resource kind, result, HTTP code. There are no
-per-workload labels.
+Labels are bounded: class, team, pool, ClusterQueue, resource kind, result, HTTP code. There
+are no per-workload labels.
 """
 
 from __future__ import annotations
@@ -78,6 +78,14 @@ class Metrics:
             ["team"],
             registry=r,
         )
+        self.usage_over_entitlement = Gauge(
+            "wdrf_team_usage_over_entitlement",
+            "Each team's dominant share of a pool (cohort or lone ClusterQueue) over its "
+            "entitlement there, weight / sum of the weights of the teams active in the pool: "
+            "1 = exactly its entitlement.",
+            ["team", "pool"],
+            registry=r,
+        )
         self.oldest_wait = Gauge(
             "wdrf_oldest_pending_wait_seconds",
             "Wait of the oldest pending workload per ClusterQueue.",
@@ -127,6 +135,23 @@ class Metrics:
         gauge.clear()
         for label, value in values.items():
             gauge.labels(label).set(value)
+
+
+    def set_pool_teams(self, gauge: Gauge, values: Mapping[tuple[str, str], float]) -> None:
+        """Replace all series of a (team, pool) gauge from {(pool, team): value}. Teams are
+        bounded as for wdrf_team_dominant_share (bound_teams, by each team's largest value):
+        the overflow shares team="other", per pool, with the largest value among it."""
+        per_team: dict[str, float] = {}
+        for (_, team), value in values.items():
+            per_team[team] = max(per_team.get(team, value), value)
+        kept = bound_teams(per_team, self.team_series_limit, self.known_teams)
+        series: dict[tuple[str, str], float] = {}
+        for (pool, team), value in values.items():
+            key = (team if team in kept else OTHER_TEAM, pool)
+            series[key] = max(series.get(key, value), value)
+        gauge.clear()
+        for (team, pool), value in series.items():
+            gauge.labels(team, pool).set(value)
 
 
 class Health:

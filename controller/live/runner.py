@@ -36,6 +36,7 @@ from controller.domain import (
     GPUMEM_PERCENTAGE,
     KueueApiVersion,
 )
+from controller.entitlement import team_usage_over_entitlement
 from controller.live.api import (
     CLUSTER_QUEUES,
     JOBS,
@@ -541,6 +542,8 @@ class LiveController:
         m = self.metrics
         m.set_labelled(m.pending, by_class)
         m.set_labelled(m.dominant_share, {t: s.dominant_share for t, s in plan.teams.items()})
+        m.set_pool_teams(m.usage_over_entitlement,
+                         team_usage_over_entitlement(plan, built.snapshot, self.settings))
         m.set_labelled(m.oldest_wait, oldest)
         problems = sum(len(d.problems) for d in plan.decisions) + len(plan.problems)
         m.input_problems.set(problems)

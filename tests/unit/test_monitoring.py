@@ -184,9 +184,21 @@ def test_queries_name_only_exported_metrics(exported: set[str]) -> None:
     assert others <= PROMETHEUS_OWN
     # the dashboard covers what the issue asks for
     dash = " ".join(dashboard_exprs())
-    for name in ("wdrf_team_dominant_share", "wdrf_pending_workloads",
+    for name in ("wdrf_team_dominant_share", "wdrf_team_usage_over_entitlement",
+                 "wdrf_pending_workloads",
                  "wdrf_oldest_pending_wait_seconds", "wdrf_patches_total", "wdrf_is_leader"):
         assert name in dash, name
+
+
+def test_entitlement_panel_reads_the_exported_ratio_not_an_equal_weights_guess() -> None:
+    """Usage over entitlement needs W, the sum of the weights of the teams active in a pool:
+    the controller exports it (wdrf_team_usage_over_entitlement); the dashboard must not
+    rebuild it from the weighted share and a count of teams (exact only for equal weights)."""
+    doc = json.loads(DASHBOARD.read_text())
+    (panel,) = [p for p in doc["panels"] if "entitlement" in p["title"].lower()]
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert set().union(*(metric_names(e) for e in exprs)) == {"wdrf_team_usage_over_entitlement"}
+    assert all("pool" in e for e in exprs)  # one series per team and pool
 
 
 def test_the_metric_name_check_has_teeth(exported: set[str]) -> None:
