@@ -3,7 +3,7 @@
 Every function here compares a decision with the object as the cache holds it and returns
 only what differs, so a steady cycle produces no `Change` at all.
 
-Every Workload and Job write is a JSON patch whose first op tests `/metadata/uid`: a patch
+Every Workload, Job and Pod write is a JSON patch whose first op tests `/metadata/uid`: a patch
 computed for an object that was deleted never lands on a new one with the same name (the
 failed test comes back as 422; the re-read sees another UID and drops the change).
 
@@ -18,7 +18,7 @@ failed test comes back as 422; the re-read sees another UID and drops the change
 * HAMi: template annotations and the GPU fraction (container resources, by index, each
   container's name tested) of a suspended, never-started owner Job, with `test /spec/suspend
   == true` so a Job Kueue has just unsuspended is never touched; annotations of a pod group's
-  gated pods (merge patch).
+  gated pods.
 * `plan_diff`: all of the above for a whole plan, from lookups into the caches.
 
 Anything that should be written but cannot be is returned as a `Notice` (an Event to emit).
@@ -41,7 +41,7 @@ from controller.domain import (
     KUEUE_PRIORITY_BOOST_ANNOTATION,
     ObjectRef,
 )
-from controller.live.api import JSON, JSON_PATCH, MERGE_PATCH, Resource
+from controller.live.api import JSON, JSON_PATCH, Resource
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
@@ -428,8 +428,10 @@ def diff_pods_hami(
         missing = missing_annotations(annotations_of(pod), hami.annotations)
         if missing:
             text = ", ".join(f"{k}={v}" for k, v in sorted(missing.items()))
-            out.add(Change(ref, pod_resource, HAMI_ANNOTATIONS, MERGE_PATCH,
-                           {"metadata": {"annotations": missing}},
+            # UID-tested like every Workload and Job patch: a pod deleted and recreated under
+            # the same name (a pod group's replacement) is never patched with this intent.
+            ops = [*uid_test(pod), *_annotation_ops(pod, missing, ())]
+            out.add(Change(ref, pod_resource, HAMI_ANNOTATIONS, JSON_PATCH, ops,
                            f"pod annotations {text}", decision))
         if _fraction_values(hami) and container_fraction_patch(
             {"spec": {"template": {"spec": pod.get("spec") or {}}}}, hami

@@ -376,5 +376,11 @@ def test_gated_pods_get_annotations_ungated_are_left_alone() -> None:
                "spec": {"containers": [{"name": "c", "resources": {}}]}}
     d = diff_pods_hami(decision(hami=HamiDecision(node_policy="spread")), [gated, running], PODS)
     assert [c.ref.name for c in d.changes] == ["p1"]
-    assert d.changes[0].body == {
-        "metadata": {"annotations": {HAMI_NODE_POLICY_ANNOTATION: "spread"}}}
+    change = d.changes[0]
+    assert change.content_type == JSON_PATCH
+    assert change.body[0] == {"op": "test", "path": "/metadata/uid", "value": "p1"}
+    assert apply(gated, change)["metadata"]["annotations"] == {
+        HAMI_NODE_POLICY_ANNOTATION: "spread"}
+    recreated = {**gated, "metadata": {**gated["metadata"], "uid": "p1-new"}}
+    with pytest.raises(Exception, match="422"):  # a failed test, as kube-apiserver answers it
+        apply(recreated, change)  # the same name, another pod: the patch does not land
