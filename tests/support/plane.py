@@ -254,6 +254,7 @@ class Plane:
         self._kueue_starts = 0
         self._kueue_module: Path | None = None
         self._visibility_ca = VISIBILITY_CERT_DIR / "ca.crt"
+        self._visibility_cert_ok = False
 
     # ----- construction helpers -------------------------------------------------------------
     @classmethod
@@ -296,15 +297,18 @@ class Plane:
         """Start etcd, kube-apiserver and Kueue (gate per ``kueue_settings``); bootstrap."""
         t0 = time.monotonic()
         self._bins.update(require_binaries(CORE_BINARIES))
-        self.kueue_module_dir()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._pki = make_pki(self.workdir / "pki")
-        self._write_kubeconfig()
-        (self.workdir / "tokens.csv").write_text(
-            f"{self.token},{ADMIN_USER},{ADMIN_USER},system:masters\n")
-        self._write_metrics_cert()
         try:
-            self.start_etcd()
+            self.start_etcd(wait=False)  # etcd comes up while the rest is prepared
+            self.kueue_module_dir()
+            self._pki = make_pki(self.workdir / "pki")
+            self._write_kubeconfig()
+            (self.workdir / "tokens.csv").write_text(
+                f"{self.token},{ADMIN_USER},{ADMIN_USER},system:masters\n")
+            self._write_metrics_cert()
+            if not self.visibility_missing:
+                self._visibility_cert()
+            self._wait_etcd()
             self.start_apiserver()
             self._bootstrap_kueue_objects()
             self.start_kueue()
@@ -343,8 +347,8 @@ class Plane:
             p.check()
 
     # ----- etcd / apiserver -----------------------------------------------------------------
-    def start_etcd(self) -> None:
-        """Start etcd (data kept across restarts)."""
+    def start_etcd(self, wait: bool = True) -> None:
+        """Start etcd (data kept across restarts); with ``wait`` until it is healthy."""
         c, peer = self.ports["etcd"], self.ports["etcd-peer"]
         argv = [
             str(self._bins["etcd"]), "--name=default", f"--data-dir={self.workdir / 'etcd'}",
@@ -355,9 +359,14 @@ class Plane:
             f"--initial-cluster=default=http://127.0.0.1:{peer}",
             "--unsafe-no-fsync", "--log-level=warn",
         ]
-        p = self._spawn("etcd", argv)
+        self._spawn("etcd", argv)
+        if wait:
+            self._wait_etcd()
+
+    def _wait_etcd(self) -> None:
         t0 = time.monotonic()
-        wait_until("etcd /health", lambda: _http_ok(f"http://127.0.0.1:{c}/health"), 30, [p])
+        url = f"http://127.0.0.1:{self.ports['etcd']}/health"
+        wait_until("etcd /health", lambda: _http_ok(url), 30, [self.procs["etcd"]])
         self.timings["etcd"] = time.monotonic() - t0
 
     def start_apiserver(self) -> None:
@@ -473,12 +482,7 @@ class Plane:
         shutil.copy(self.pki.serving_crt, certs / "tls.crt")
         shutil.copy(self.pki.serving_key, certs / "tls.key")
         if cfg["featureGates"]["VisibilityOnDemand"]:
-            try:
-                self._visibility_ca = shared_serving_cert(VISIBILITY_CERT_DIR, (VISIBILITY_DNS,))
-            except OSError as e:
-                raise PlaneError(f"what is missing: write access to {VISIBILITY_CERT_DIR} "
-                                 f"(Kueue reads its visibility server's certificate from there "
-                                 f"when internal cert management is off): {e}") from e
+            self._visibility_cert()
         # --kubeconfig, not only $KUBECONFIG: the visibility server's delegated authentication
         # and authorization read the file named by that flag (else the in-cluster config).
         argv = [str(self._bins["kueue"]), f"--config={path}", f"--kubeconfig={self.kubeconfig}"]
@@ -522,6 +526,18 @@ class Plane:
             self.restart_kueue(old)
 
     # ----- Kueue's visibility API ------------------------------------------------------------
+    def _visibility_cert(self) -> None:
+        """Make sure Kueue's visibility certificate is in place (once per plane)."""
+        if self._visibility_cert_ok:
+            return
+        try:
+            self._visibility_ca = shared_serving_cert(VISIBILITY_CERT_DIR, (VISIBILITY_DNS,))
+        except OSError as e:
+            raise PlaneError(f"what is missing: write access to {VISIBILITY_CERT_DIR} (Kueue "
+                             f"reads its visibility server's certificate from there when "
+                             f"internal cert management is off): {e}") from e
+        self._visibility_cert_ok = True
+
     def _register_visibility_api(self) -> None:
         """Service + EndpointSlice to Kueue's visibility server, and Kueue's APIServices
         (from its module, with the CA instead of insecureSkipTLSVerify); wait until served."""
