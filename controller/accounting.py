@@ -404,24 +404,14 @@ def active_weights(
 ) -> dict[str, float]:
     """W per pool: the sum of the weights of the teams active in it, i.e. with a Workload
     there (holding quota, or pending and active) or, with usage history, a decayed weighted
-    share above ACTIVE_USAGE_CUTOFF. A team's entitlement in a pool is weight / W. (The rule
-    controller.policy.account applies when it sets fairness levels.)"""
+    share above ACTIVE_USAGE_CUTOFF. A team's entitlement in a pool is weight / W
+    (`controller.policy.account` sets fairness levels and `TeamShare.usage_over_entitlement`
+    with it)."""
     out: dict[str, float] = {}
     for (pool, team), ts in shares.items():
         if (pool, team) in present or ts.dominant_share > settings.active_usage_cutoff:
             out[pool] = out.get(pool, 0.0) + team_weight(team, settings)
     return out
-
-
-def usage_over_entitlement(
-    shares: Mapping[tuple[str, str], TeamShare], present: Collection[tuple[str, str]],
-    settings: Settings,
-) -> dict[tuple[str, str], float]:
-    """U/S per (pool, team): the team's dominant share of the pool over its entitlement
-    (weight / W), which is its weighted dominant share x W - the exponent of its fairness
-    factor 2^(-U/S). 1.0 = exactly its entitlement, 0 = no usage."""
-    w = active_weights(shares, present, settings)
-    return {pt: ts.dominant_share * w.get(pt[0], 0.0) for pt, ts in shares.items()}
 
 
 def _exact(value: float) -> Decimal:

@@ -42,6 +42,9 @@ class TeamShare:
     pool: str = ""  # the cohort (or lone ClusterQueue) whose capacity the share is against
     level: int = 0  # fairness level after hysteresis (0..FAIRNESS_LEVELS)
     fairness_term: int = 0  # level x FAIRNESS_POINTS / FAIRNESS_LEVELS
+    # U/S: dominant share of the pool over the team's entitlement (weight / W), i.e. weighted
+    # dominant share x W; 1.0 = exactly its entitlement. The exponent of the fairness factor.
+    usage_over_entitlement: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

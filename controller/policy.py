@@ -32,6 +32,7 @@ from controller.accounting import (
     UNKNOWN_POOL,
     UsageHistory,
     Vector,
+    active_weights,
     admitted_usage,
     card_memory,
     cluster_capacity,
@@ -44,7 +45,6 @@ from controller.accounting import (
     resource_problems,
     team_of,
     team_share,
-    team_weight,
 )
 from controller.classify import Classified, clamp_int32, classify, implied_base
 from controller.config import INT32_MAX, INT32_MIN, Settings
@@ -277,20 +277,18 @@ def account(
         usage = combined
 
     shares_raw: dict[PoolTeam, TeamShare] = {}
-    active: dict[str, float] = {}
     for pt in sorted(set(usage) | present):
         cap = capacities.get(pt[0]) or whole
-        ts = team_share(pt[1], usage.get(pt, {}), cap, settings, pt[0])
-        shares_raw[pt] = ts
-        if pt in present or ts.dominant_share > settings.active_usage_cutoff:
-            active[pt[0]] = active.get(pt[0], 0.0) + team_weight(pt[1], settings)
+        shares_raw[pt] = team_share(pt[1], usage.get(pt, {}), cap, settings, pt[0])
+    active = active_weights(shares_raw, present, settings)
 
     previous = _previous_levels(pending, settings.fairness_levels)
     shares: dict[PoolTeam, TeamShare] = {}
     for pt, ts in shares_raw.items():
-        level = fairness_level(ts.dominant_share, active.get(pt[0], 0.0), settings,
-                               previous.get(pt))
-        shares[pt] = replace(ts, level=level, fairness_term=level_points(level, settings))
+        total = active.get(pt[0], 0.0)
+        level = fairness_level(ts.dominant_share, total, settings, previous.get(pt))
+        shares[pt] = replace(ts, level=level, fairness_term=level_points(level, settings),
+                             usage_over_entitlement=ts.dominant_share * total)
     weighted = {resource_of(d) for vec in capacities.values() for d, q in vec.items() if q > 0}
     return Accounts(
         pending=tuple(pending),

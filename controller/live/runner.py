@@ -36,7 +36,6 @@ from controller.domain import (
     GPUMEM_PERCENTAGE,
     KueueApiVersion,
 )
-from controller.entitlement import team_usage_over_entitlement
 from controller.live.api import (
     CLUSTER_QUEUES,
     JOBS,
@@ -543,7 +542,7 @@ class LiveController:
         m.set_labelled(m.pending, by_class)
         m.set_labelled(m.dominant_share, {t: s.dominant_share for t, s in plan.teams.items()})
         m.set_pool_teams(m.usage_over_entitlement,
-                         team_usage_over_entitlement(plan, built.snapshot, self.settings))
+                         {pt: ts.usage_over_entitlement for pt, ts in plan.pool_shares.items()})
         m.set_labelled(m.oldest_wait, oldest)
         problems = sum(len(d.problems) for d in plan.decisions) + len(plan.problems)
         m.input_problems.set(problems)

@@ -5,8 +5,8 @@ Dockerfile's PYTHON_IMAGE build argument). In the image, as UID 65532 like the D
 `--dry-run --from-file` prints the plan, and `--health-check` against the test plane is healthy.
 
 Run by `make test` and `make image-test` (2 min with the base image cached, about 3.5 min
-without; a bare `pytest` leaves it out); buildah and debootstrap come from `make image-tools`. The base image is kept
-in buildah's storage between runs (made again when missing, about 80 s).
+without; a bare `pytest` leaves it out); buildah and debootstrap come from `make image-tools`.
+The base image is kept in buildah's storage between runs (made again when missing, about 80 s).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Usage over entitlement per (pool, team) (controller/entitlement.py, the metric
-wdrf_team_usage_over_entitlement): hand-computed values for unequal TEAM_WEIGHTS, who counts in
-W, and agreement with the fairness levels the policy itself computed (so the metric cannot
-drift from the W the policy uses)."""
+"""Usage over entitlement per (pool, team) (`TeamShare.usage_over_entitlement`, set by the policy
+with the W it uses for fairness levels; the metric wdrf_team_usage_over_entitlement):
+hand-computed values for unequal TEAM_WEIGHTS, who counts in W, and agreement with the fairness
+levels the policy itself computed."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import pytest
 from wdrf_build import NOW, job, snapshot, wl
 from wdrf_build import settings as make_settings
 
-from controller.accounting import active_weights, fairness_level, usage_over_entitlement
+from controller.accounting import active_weights, fairness_level
 from controller.config import Settings
 from controller.domain import GPU, ClusterSnapshot, TeamSource, frozen_resources
-from controller.entitlement import present_pairs, team_usage_over_entitlement
 from controller.live.metrics import OTHER_TEAM, Metrics
 from controller.plan import TeamShare
 from controller.policy import compute_plan
@@ -26,14 +25,12 @@ POOL = "cq/cq"  # the builders' ClusterQueue has no cohort
 
 def check_against_levels(snap: ClusterSnapshot, s: Settings,
                          history: UsageHistory | None = None) -> dict[tuple[str, str], float]:
-    """U/S of the plan, after checking that W reproduces every fairness level the policy set
-    (a fresh plan: no previous levels, so no hysteresis)."""
+    """U/S of the plan, after checking that it reproduces every fairness level the policy set
+    (a fresh plan: no previous levels, so no hysteresis): level = floor(2^(-U/S) x levels)."""
     plan = compute_plan(snap, s, NOW, history)
-    present = present_pairs(snap, s)
-    w = active_weights(plan.pool_shares, present, s)
     for (pool, team), ts in plan.pool_shares.items():
-        assert ts.level == fairness_level(ts.dominant_share, w.get(pool, 0.0), s), (pool, team)
-    return team_usage_over_entitlement(plan, snap, s)
+        assert ts.level == fairness_level(ts.usage_over_entitlement, 1.0, s), (pool, team)
+    return {pt: ts.usage_over_entitlement for pt, ts in plan.pool_shares.items()}
 
 
 def test_unequal_weights_by_hand() -> None:
@@ -88,8 +85,6 @@ def test_active_weights_rule() -> None:
     shares = {(POOL, "x"): share("x", 0.0), (POOL, "y"): share("y", 0.02),
               (POOL, "z"): share("z", 0.005)}
     assert active_weights(shares, {(POOL, "x")}, s) == {POOL: 2.0 + 5.0}
-    assert usage_over_entitlement(shares, {(POOL, "x")}, s)[(POOL, "y")] == pytest.approx(
-        0.02 * 7.0)
 
 
 def test_label_teams_are_read_from_the_owner_job() -> None:
@@ -97,7 +92,7 @@ def test_label_teams_are_read_from_the_owner_job() -> None:
     snap = replace(snapshot([wl("a1", admitted=True, owner="j1"), wl("a2", owner="j2")]),
                    jobs=(replace(job("j1"), labels={"wdrf.x-k8s.io/team": "vision"}),
                          replace(job("j2"), labels={"wdrf.x-k8s.io/team": "speech"})))
-    assert present_pairs(snap, s) == {(POOL, "vision"), (POOL, "speech")}
+    assert set(compute_plan(snap, s, NOW).pool_shares) == {(POOL, "vision"), (POOL, "speech")}
     got = check_against_levels(snap, s)
     assert got == {(POOL, "vision"): pytest.approx(1 / 8 * 2), (POOL, "speech"): 0.0}
 
