@@ -16,10 +16,24 @@ What is modelled, and from which documented behaviour (../shared/docs/kueue.md a
   `PodsReadyTimeout` eviction when `requeuingStrategy.timestamp` is `Eviction`), then id.
   BestEffortFIFO skips a head that does not fit (or cannot preempt) and tries the next;
   StrictFIFO blocks the ClusterQueue behind it.
-- **Across ClusterQueues** (one head per ClusterQueue, the best head goes first, re-evaluated
-  after every admission): classical: non-borrowing first, then priority, then time; with Fair
-  Sharing: the lowest dominant resource share *with* the workload (usage above nominal / the
-  cohort's lendable quota, divided by the ClusterQueue's weight), then priority, then time.
+- **Inadmissible Workloads wait for a requeue** (BestEffortFIFO). A workload Kueue's scheduler
+  tried and could not admit is parked in the ClusterQueue's inadmissible list. Released quota
+  (a workload finished, evicted or deactivated) does not reach the parked workloads at once:
+  Kueue requeues the inadmissible workloads of the cohort tree `requeue_batch` after the first
+  release (Kueue's `requeueBatchPeriod`, 1 s; 0, the default here, turns this off). Until then
+  only workloads in the active queue can take it: new ones, and parked ones whose priority was
+  written meanwhile (a changed `kueue.x-k8s.io/priority-boost` annotation or `spec.priority`
+  moves a workload out of the inadmissible list at once) - so a controller cycle that rewrites
+  some pending priorities within the batch period hands the released quota to those first.
+- **Across ClusterQueues**, in scheduling cycles as Kueue's scheduler runs them: each cycle
+  takes the head of every ClusterQueue (one each) and tries them in order - classical: the
+  order at the start of the cycle, non-borrowing first, then priority, then time; with Fair
+  Sharing: each time the lowest dominant resource share *with* the workload (usage above
+  nominal / the cohort's lendable quota, divided by the ClusterQueue's weight), then priority,
+  then time. A ClusterQueue whose head was admitted or did not fit offers its next workload
+  only in the next cycle, so within one cycle the other ClusterQueues' heads go first (a
+  borrowing head of another ClusterQueue can take quota that the failed head's non-borrowing
+  successor would have had).
 - **Admission.** `quota`: Kueue admits on quota alone; the pods then wait for the scheduler model
   (HAMi binpack/spread over whole cards and fractions, all pods of a workload or none, tried in
   order of priority then admission time whenever GPUs free). A workload whose pods are not all
@@ -38,9 +52,10 @@ What is modelled, and from which documented behaviour (../shared/docs/kueue.md a
   whose quota is not needed). With Fair Sharing, candidates in other ClusterQueues are taken from
   the ClusterQueue with the highest share first and must satisfy the preemption strategies
   (`LessThanOrEqualToFinalShare`, then `LessThanInitialShare`). The victims are evicted at once
-  and the preemptor is admitted in the same cycle. A preempted job loses the work done since its
-  last checkpoint (`checkpoint_interval`, measured from its last start) and is requeued with its
-  creation timestamp (no backoff).
+  and the preemptor is admitted in the same cycle; a victim is no candidate again in the same
+  admission pass (Kueue requeues it only once its eviction is done, in a later cycle). A
+  preempted job loses the work done since its last checkpoint (`checkpoint_interval`, measured
+  from its last start) and is requeued with its creation timestamp (no backoff).
 - Not modelled: kube-scheduler pod preemption, flavors (one GPU flavor), `lendingLimit`,
   admission checks, hierarchical cohorts, multi-podset workloads.
 
@@ -101,6 +116,10 @@ class KueueConfig:
     backoff_max: float = 3600.0  # requeuingStrategy.backoffMaxSeconds (Kueue default)
     requeue_timestamp: str = "Eviction"  # requeuingStrategy.timestamp (Kueue default)
     checkpoint_interval: float = 1800.0  # a preempted job resumes from its last checkpoint
+    # Kueue's requeueBatchPeriod: parked (inadmissible) workloads see released quota this long
+    # after the first release. Kueue v0.19 uses 1.0 (10.0 with its SchedulerLongRequeueInterval
+    # gate); the default 0 keeps the earlier model (every pending workload sees it at once).
+    requeue_batch: float = 0.0
     team_weights: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -118,6 +137,8 @@ class KueueConfig:
             raise ValueError("queueingStrategy must be BestEffortFIFO or StrictFIFO")
         if self.checkpoint_interval <= 0 or self.pods_ready_timeout <= 0:
             raise ValueError("checkpoint interval and pods-ready timeout must be > 0")
+        if self.requeue_batch < 0:
+            raise ValueError("requeue batch period must be >= 0")
         for s in self.fair_sharing_strategies:
             if s not in (FINAL_SHARE, INITIAL_SHARE):
                 raise ValueError(f"unknown fair-sharing preemption strategy {s!r}")
@@ -201,6 +222,11 @@ class KueueSim:
         self.completions: list[tuple[float, int, int]] = []
         self.timers: list[tuple[float, int, int]] = []  # pods-ready deadlines
         self.backoffs: list[tuple[float, int]] = []
+        # Kueue's inadmissible lists (one cohort tree here: one batched requeue for all).
+        self.parks = self.k.requeue_batch > 0 and self.k.queueing_strategy == "BestEffortFIFO"
+        self.parked: set[int] = set()
+        self.requeue_at = math.inf
+        self.pass_victims: set[int] = set()  # preempted in the current admission pass
         self.series = Series(config.series_bin, len(self.teams))
         self.last_t = 0.0
         self.changed = True
@@ -260,6 +286,7 @@ class KueueSim:
 
     def _enqueue(self, job: SimJob) -> None:
         jid = job.job_id
+        self.parked.discard(jid)  # new or requeued after an eviction: in the active queue
         self.state[jid] = PENDING
         self.pending[jid] = job
         self._queue_for(job).add(self.key(job), jid)
@@ -289,6 +316,7 @@ class KueueSim:
     def _reserve(self, job: SimJob, cq: CQ) -> None:
         jid = job.job_id
         del self.pending[jid]
+        self.parked.discard(jid)
         self.state[jid] = WAITING
         cq.used += job.need
         self.total_used += job.need
@@ -352,6 +380,8 @@ class KueueSim:
             self.team_pending[self.team_idx[job.team]] -= job.need
         self.run_seq[jid] += 1
         self.changed = True
+        if self.parked:
+            self.requeue_at = min(self.requeue_at, self.now + self.k.requeue_batch)
         return cq
 
     def _complete(self, jid: int) -> None:
@@ -559,6 +589,7 @@ class KueueSim:
             return False
         for jid, _ in targets:
             self._evict(jid, PREEMPTED, by=job.job_id)
+            self.pass_victims.add(jid)
         if not self._quota_fits(cq, job.need):
             raise AssertionError("preemption freed too little quota")
         return True
@@ -575,7 +606,8 @@ class KueueSim:
             items = q.items
             while pos < len(items):
                 jid = items[pos][1]
-                if jid in self.pending and self.eligible[jid] <= self.now:
+                if jid in self.pending and self.eligible[jid] <= self.now \
+                        and jid not in self.parked and jid not in self.pass_victims:
                     job = self.jobs[jid]
                     f = failed.get(job.need)
                     if f is None or self.policy.priority(job) > f:
@@ -592,56 +624,65 @@ class KueueSim:
         return best
 
     def admission_pass(self) -> int:
-        """Kueue's scheduler: heads of every ClusterQueue, best first, until nothing fits."""
-        if not self.pending:
+        """Kueue's scheduler: cycles over the heads of every ClusterQueue until nothing fits;
+        what it tried and could not admit is parked (inadmissible) until the next requeue."""
+        if not self.pending or len(self.parked) >= len(self.pending):
             return 0
+        # A workload preempted in this pass is still being evicted (Kueue requeues it once its
+        # quota is released, a later cycle): not a candidate again in this pass.
+        self.pass_victims = set()
         admitted = 0
         cursors: dict[int, int] = {}
         # Per ClusterQueue: need -> highest priority that failed (quota and preemption) in this
         # pass; a later job with that need and no higher priority fails too.
         failed: dict[str, dict[int, int]] = {n: {} for n in self.cqs}
-        heads: dict[str, tuple[tuple[float, ...], int, SortedQueue] | None] = {}
-        stale = set(self.cqs)
+        blocked: set[str] = set()  # StrictFIFO: the ClusterQueue waits for its head
         strict = self.k.queueing_strategy == "StrictFIFO"
+        fair = self.k.fair_sharing and len(self.cqs) > 1
         min_need = min(j.need for j in self.pending.values())
-        while True:
-            if not self.k.preempts and self.cohort_nominal - self.total_used < min_need:
+        while self.k.preempts or self.cohort_nominal - self.total_used >= min_need:
+            # One scheduling cycle: the head of every ClusterQueue, each tried once.
+            cycle: list[tuple[CQ, tuple[tuple[float, ...], int, SortedQueue]]] = []
+            for name, cq in self.cqs.items():
+                h = None if name in blocked else self._head(cq, cursors, failed[name])
+                if h is not None:
+                    cycle.append((cq, h))
+            if not cycle:
                 break
-            for name in stale:
-                heads[name] = self._head(self.cqs[name], cursors, failed[name])
-            stale.clear()
-            live = [(self.cqs[n], h) for n, h in heads.items() if h is not None]
-            if not live:
-                break
-            cq, (_, jid, q) = min(live, key=lambda x: self._cross_key(x[0], x[1][1]))
-            job = self.jobs[jid]
-            fits = self._fits(job, cq)
-            preempted = not fits and self._preempt_for(job, cq)
-            if fits or preempted:
-                if not self._fits(job, cq):
-                    raise AssertionError("admitting a workload that does not fit")
-                self._reserve(job, cq)
-                q.dead += 1
-                admitted += 1
-                if preempted:
-                    for f in failed.values():
-                        f.clear()  # a preemption frees quota, maybe in other ClusterQueues
-                    stale.update(self.cqs)
+            if not fair:  # classical: ordered once, at the start of the cycle
+                cycle.sort(key=lambda x: self._cross_key(x[0], x[1][1]), reverse=True)
+            while cycle:
+                if fair:  # the lowest share with the workload, after this cycle's admissions
+                    i = min(range(len(cycle)),
+                            key=lambda i: self._cross_key(cycle[i][0], cycle[i][1][1]))
+                    cq, (_, jid, q) = cycle.pop(i)
                 else:
-                    stale.add(cq.name)
-            else:
-                if strict:
-                    heads[cq.name] = None  # StrictFIFO: the ClusterQueue waits for its head
-                    continue
-                p = self.policy.priority(job)
-                failed[cq.name][job.need] = max(p, failed[cq.name].get(job.need, p))
-                cursors[id(q)] = cursors.get(id(q), 0) + 1
-                stale.add(cq.name)
+                    cq, (_, jid, q) = cycle.pop()
+                job = self.jobs[jid]
+                fits = self._fits(job, cq)
+                preempted = not fits and self._preempt_for(job, cq)
+                if fits or preempted:
+                    if not self._fits(job, cq):
+                        raise AssertionError("admitting a workload that does not fit")
+                    self._reserve(job, cq)
+                    q.dead += 1
+                    admitted += 1
+                    if preempted:
+                        for f in failed.values():
+                            f.clear()  # a preemption frees quota, maybe in other ClusterQueues
+                elif strict:
+                    blocked.add(cq.name)
+                else:
+                    p = self.policy.priority(job)
+                    failed[cq.name][job.need] = max(p, failed[cq.name].get(job.need, p))
+                    cursors[id(q)] = cursors.get(id(q), 0) + 1
         for cq in self.cqs.values():
             for qq in (cq.queue, *cq.lqs.values()):
                 if qq.dead * 2 > len(qq.items):
                     qq.items = [it for it in qq.items if it[1] in self.pending]
                     qq.dead = 0
+        if self.parks:  # victims return to the active queue once their eviction is done
+            self.parked.update(j for j in self.pending if j not in self.pass_victims)
         return admitted
 
     def _cross_key(self, cq: CQ, jid: int) -> tuple[float, ...]:
@@ -681,7 +722,7 @@ class KueueSim:
             t_done = self.completions[0][0] if self.completions else math.inf
             t_timer = self.timers[0][0] if self.timers else math.inf
             t_back = self.backoffs[0][0] if self.backoffs else math.inf
-            t_ev = min(t_arr, t_done, t_timer, t_back)
+            t_ev = min(t_arr, t_done, t_timer, t_back, self.requeue_at)
             if math.isinf(t_ev) and (math.isinf(next_tick) or not self.pending):
                 break
             t = min(t_ev, next_tick)
@@ -705,6 +746,10 @@ class KueueSim:
                     self.team_pending[self.team_idx[self.jobs[jid].team]] -= self.jobs[jid].need
                     self._enqueue(self.jobs[jid])
                     events = True
+            if self.requeue_at <= t:
+                self.requeue_at = math.inf  # Kueue's batched requeue of inadmissible workloads
+                self.parked.clear()
+                events = True
             while ai < n and order[ai].submit <= t:
                 job = order[ai]
                 self.policy.on_arrival(job, t)
@@ -717,8 +762,12 @@ class KueueSim:
             if t >= next_tick:
                 ticks += 1
                 self.changed = False
+                parked = {j: self.priority(j) for j in self.parked} if controller else {}
                 if self.policy.tick(t):
                     # New priorities: a new queue order, and (with preemption) new preemptions.
+                    # A parked workload whose priority was written is back in the active queue.
+                    self.parked.difference_update(
+                        [j for j, p in parked.items() if self.priority(j) != p])
                     self.resort()
                     self.admission_pass()
                     self._start_waiting()
@@ -766,6 +815,7 @@ class KueueSim:
             cands.append(self.timers[0][0])
         if self.backoffs:
             cands.append(self.backoffs[0][0])
+        cands.append(self.requeue_at)
         nxt = min(cands)
         if math.isinf(nxt):
             return math.inf
@@ -794,3 +844,5 @@ class KueueSim:
                 raise AssertionError(f"job {jid} pending in state {self.state[jid]}")
         if any(self.state[j] != WAITING for j in self.waiting):
             raise AssertionError("a waiting job in another state")
+        if not self.parked <= self.pending.keys():
+            raise AssertionError("a parked (inadmissible) job that is not pending")
