@@ -53,7 +53,9 @@ from controller.live.api import (
     Transport,
 )
 from controller.live.apply import (
+    APPLIED,
     DEFERRED,
+    NOOP,
     REFUSED,
     Applier,
     ApplyReport,
@@ -115,6 +117,11 @@ def default_parsers() -> Parsers:
 
     return Parsers(parse_workload, parse_cluster_queue, parse_local_queue, parse_job, parse_node,
                    parse_owner)
+
+
+def pool_of_decision(d: WorkloadDecision) -> str:
+    """The pool (cohort or lone ClusterQueue) a decision's priority competes in."""
+    return d.breakdown.pool if d.breakdown is not None else f"cq/{d.cluster_queue or '-'}"
 
 
 def order_writes(changes: list[Change]) -> list[Change]:
@@ -488,14 +495,39 @@ class LiveController:
         def after(outcome: Outcome) -> None:
             outcome_events(self.events, outcome, built.workloads.get(outcome.change.decision.key))
 
+        guards, raises, held = self._guards_first(prio, after)
+        if held:
+            log.warning("%d priority write(s) held for the next cycle: a guard in their pool "
+                        "did not land", len(held))
+            for c in held:
+                self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
         report.applied = ApplyReport(
-            self.applier.apply(hami, after).outcomes + self.applier.apply(prio, after).outcomes
-            + [Outcome(c, DEFERRED) for c in over]
+            self.applier.apply(hami, after).outcomes + guards
+            + self.applier.apply(raises, after).outcomes
+            + [Outcome(c, DEFERRED) for c in [*held, *over]]
         )
         if not self.stop_event.is_set():
             finding_events(self.events, plan, diff)
         if self.history is not None and not self.dry_run:
             self.history_store.save(self.history)
+
+    def _guards_first(
+        self, prio: list[Change], after: Callable[[Outcome], None]
+    ) -> tuple[list[Outcome], list[Change], list[Change]]:
+        """Admitted Workloads' guards are sent, and finished, before any other priority write
+        of the cycle: the writes run concurrently, and a pending Workload's raise that landed
+        before the guard it needs would let Kueue preempt the admitted one. Where a guard did
+        not land, the pool's other priority writes wait for the next cycle (re-planned then).
+        Returns the guards' outcomes, the writes to send now and the writes held."""
+        guards = [c for c in prio if c.decision.admitted]
+        rest = [c for c in prio if not c.decision.admitted]
+        if not guards:
+            return [], rest, []
+        outcomes = self.applier.apply(guards, after).outcomes
+        unsafe = {pool_of_decision(o.change.decision) for o in outcomes
+                  if o.result not in (APPLIED, NOOP)}
+        held = [c for c in rest if pool_of_decision(c.decision) in unsafe]
+        return outcomes, [c for c in rest if pool_of_decision(c.decision) not in unsafe], held
 
     def diff(self, plan: Plan, built: Built) -> Diff:
         assert self.mode is not None

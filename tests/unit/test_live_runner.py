@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -610,3 +611,75 @@ def test_waits_follow_kueues_requeuing_timestamp(strategy: str | None, wait: flo
     c = controller(api, settings())
     [d] = c.run_cycle(NOW).plan.decisions
     assert d.breakdown is not None and d.breakdown.wait_seconds == wait
+
+
+def preempting_cluster(api: FakeApi) -> None:
+    """`cluster` with a ClusterQueue whose preemption reaches admitted work, one admitted
+    Workload in team-a and one pending in team-b (both normal): the plan guards the first
+    and raises the second in the same cycle."""
+    cluster(api)
+    api.put_object(CLUSTER_QUEUES.item("cq"), {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": "cq"},
+        "spec": {"preemption": {"withinClusterQueue": "LowerPriority"},
+                 "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+                     {"name": "default", "resources": [{"name": "cpu", "nominalQuota": "4"}]}]}]}})
+    wl = workload(api, "team-a", "running")
+    wl["status"] = {
+        "conditions": [{"type": "QuotaReserved", "status": "True"}],
+        "admission": {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": "main", "count": 1, "resourceUsage": {"cpu": "1"}, "flavors": {}}]}}
+    api.put_object(WORKLOADS.item("running", "team-a"), wl)
+    workload(api, "team-b", "waiting")
+
+
+class SlowGuardApi(FakeApi):
+    """Records when each Workload PATCH starts and ends; the guard's PATCH is slow, so a raise
+    sent concurrently would start (and end) before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeline: list[tuple[str, str]] = []
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        patch = method == "PATCH" and "/workloads/" in path
+        name = path.rsplit("/", 1)[-1]
+        if patch:
+            self.timeline.append(("start", name))
+            if name == "running":
+                time.sleep(0.3)
+        try:
+            return super().request(method, path, **kw)
+        finally:
+            if patch:
+                self.timeline.append(("end", name))
+
+
+def test_guards_land_before_any_raise_of_the_cycle_even_with_concurrent_writers() -> None:
+    api = SlowGuardApi()
+    preempting_cluster(api)
+    c = controller(api, settings())
+    report = c.run_cycle(NOW)
+    assert report.applied is not None and report.applied.counts() == {"applied": 2}
+    timeline = api.timeline
+    assert timeline.index(("end", "running")) < timeline.index(("start", "waiting")), timeline
+    guard = int(stored(api, "team-a", "running")["metadata"]["annotations"][
+        KUEUE_PRIORITY_BOOST_ANNOTATION])
+    raised = int(stored(api, "team-b", "waiting")["metadata"]["annotations"][
+        KUEUE_PRIORITY_BOOST_ANNOTATION])
+    assert guard > raised > 0
+
+
+def test_a_guard_that_does_not_land_holds_its_pools_raises_for_the_next_cycle() -> None:
+    api = FakeApi()
+    preempting_cluster(api)
+    c = controller(api, settings())
+    api.fail("PATCH", "/workloads/running", 403, message="denied")
+    report = c.run_cycle(NOW)
+    assert report.applied is not None and report.applied.counts() == {
+        "failed": 1, "deferred": 1}
+    ann = stored(api, "team-b", "waiting")["metadata"].get("annotations") or {}
+    assert KUEUE_PRIORITY_BOOST_ANNOTATION not in ann  # not raised past an unguarded one
+    resync(c)
+    report = c.run_cycle(NOW + timedelta(seconds=10))
+    assert report.applied is not None and report.applied.counts() == {"applied": 2}
