@@ -382,7 +382,11 @@ def _advice(r: Report) -> list[str]:
         out.append("It is deactivated (spec.active: false), so Kueue will not admit it until it "
                    "is reactivated (by whoever deactivated it, or Kueue after a backoff limit).")
     msg = r.kueue_message.lower()
-    if "insufficient" in msg or "quota" in msg or "couldn't assign flavors" in msg:
+    if "unavailable in clusterqueue" in msg:
+        out.append("Its ClusterQueue does not cover a resource it requests, so Kueue will never "
+                   f"admit it as it is ({r.kueue_message}). Ask an admin to cover that resource "
+                   f"in ClusterQueue {r.cluster_queue or '?'}, or change the request.")
+    elif "insufficient" in msg or "quota" in msg or "couldn't assign flavors" in msg:
         out.append("Kueue has no free quota for it right now: it starts when running work in "
                    f"ClusterQueue {r.cluster_queue or '?'} frees enough, in queue order.")
     if r.requeue_at:
@@ -411,7 +415,12 @@ def _advice(r: Report) -> list[str]:
         if band is not None:
             low, high = band
             if low >= 1.0:
-                times = f"{low:.1f}x" if math.isinf(high) else f"about {low:.1f}-{high:.1f}x"
+                if math.isinf(high):
+                    times = f"{low:.1f}x"
+                elif f"{low:.1f}" == f"{high:.1f}":
+                    times = f"about {low:.1f}x"
+                else:
+                    times = f"about {low:.1f}-{high:.1f}x"
                 out.append(f"Team {team} uses {times} its share of "
                            f"{pool_name(t.get('pool', ''))}: its work ranks below teams that use "
                            "less, until its usage falls (finishing or fewer running jobs).")

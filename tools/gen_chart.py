@@ -235,8 +235,9 @@ Admission policy: {{ ternary "on" "OFF (anyone who can edit a Job can make it ur
 GPU node agent: {{ ternary "on" "off" .Values.agent.enabled }}.
 Usage history: {{ ternary "on" "off" .Values.history.enabled }}.
 
-Before `helm uninstall`, or right after it: `python -m controller reset --yes` removes the
-priorities the controller wrote on pending Workloads (see the project README, "Uninstall").
+After `helm uninstall` (while the controller runs, reset refuses unless --force):
+`python -m controller reset --yes` removes the priorities the controller wrote on Workloads
+(see the project README, "Uninstall").
 """
 
 

@@ -308,6 +308,15 @@ def test_every_example_applies_and_kueue_takes_it(admin: k8s.ApiClient, suffix: 
             kube.wait_for(lambda ns=ns, group=group: any(  # type: ignore[misc]
                 w["metadata"]["name"] == group for w in kube.list_workloads(admin, ns)),
                 30, f"the pod group Workload {ns}/{group}")
+    # The fractional-GPU example is admitted: its ClusterQueue covers HAMi's gpucores and
+    # gpumem-percentage (Kueue's BlockUndeclared would otherwise hold it forever).
+    frac = next(d for d in docs if d["kind"] == "Job" and any(
+        "nvidia.com/gpucores" in (c.get("resources") or {}).get("limits", {})
+        for c in d["spec"]["template"]["spec"]["containers"]))
+    ns = frac["metadata"]["namespace"]
+    kube.wait_for(lambda: kube.has_condition(kube.workload_for_job(
+        admin, ns, frac["metadata"]["name"]), "QuotaReserved"), 30,
+        f"the fractional example {ns}/{frac['metadata']['name']} admitted")
 
 
 # ---------------------------------------------------------------------------------------------

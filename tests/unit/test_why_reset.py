@@ -285,3 +285,29 @@ def test_reset_cli(api: FakeApi, monkeypatch: pytest.MonkeyPatch) -> None:
     api.fail("GET", "/workloads", 403, times=1)
     r = runner.invoke(main, ["reset", "--yes"])
     assert r.exit_code == 1 and r.output.startswith("error: not allowed to list workloads")
+
+
+def test_why_says_when_the_clusterqueue_does_not_cover_a_resource(api: FakeApi) -> None:
+    """Kueue's "unavailable in ClusterQueue" (BlockUndeclared) never clears by itself: no
+    "wait for quota" advice, but what to change."""
+    put(api, workload("frac", conditions=[{
+        "type": "QuotaReserved", "status": "False", "reason": "Pending",
+        "message": "couldn't assign flavors to pod set main: resource nvidia.com/gpucores "
+                   "unavailable in ClusterQueue"}]))
+    r = why(api, "team-a", "frac", now=NOW)
+    text = why_mod.render_text(r)
+    assert "will never admit it" in text and "cover that resource" in text
+    assert "no free quota" not in text
+
+
+def test_why_share_band_that_rounds_to_one_value_is_said_once(api: FakeApi) -> None:
+    level = next(n for n in range(50)
+                 if (b := usage_over_entitlement(n, 50)) is not None and b[0] >= 1.0
+                 and f"{b[0]:.1f}" == f"{b[1]:.1f}")
+    put(api, workload("even", ann={"wdrf.x-k8s.io/priority-terms": TERMS.replace(
+        "level=12/50", f"level={level}/50")}))
+    text = why_mod.render_text(why(api, "team-a", "even", now=NOW))
+    band = usage_over_entitlement(level, 50)
+    assert band is not None
+    assert f"uses about {band[0]:.1f}x its share" in text
+    assert f"{band[0]:.1f}-{band[1]:.1f}x" not in text
