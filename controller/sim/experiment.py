@@ -363,17 +363,22 @@ def run_all(opts: Options, jobs: int = 1, progress: Callable[[str], None] | None
             on_task: Callable[[Sequence[RunRecord]], None] | None = None,
             ) -> tuple[list[Window], list[RunRecord], datetime]:
     """Every (window, seed), seed by seed (the tuning window first), in `jobs` processes;
-    results kept where `keep` says (plots). Runs already in `done` (same window and seed) are
-    not run again; `on_task` sees each finished task's records (to save them as they come)."""
+    results kept where `keep` says (plots). Policy runs already in `done` (same window, seed
+    and policy) are not run again; `on_task` sees each finished task's records (to save them
+    as they come)."""
     trace = load_trace(opts)
     windows = choose_windows(opts, trace)
     seeds = [opts.first_seed] if opts.quick else list(
         range(opts.first_seed, opts.first_seed + opts.seeds))
-    have = {(r.window.start, r.window.days, r.seed) for r in done}
-    tasks = [(opts, w, s, bool(keep and keep(w, s)))
-             for i, s in enumerate(seeds) for w in windows
-             if (w.role == "held-out" or i < opts.tuning_seeds)
-             and (w.start, w.days, s) not in have]
+    have = {(r.window.start, r.window.days, r.seed, r.key) for r in done}
+    tasks = []
+    for i, s in enumerate(seeds):
+        for w in windows:
+            if w.role != "held-out" and i >= opts.tuning_seeds:
+                continue
+            missing = tuple(k for k in opts.policies if (w.start, w.days, s, k) not in have)
+            if missing:
+                tasks.append((replace(opts, policies=missing), w, s, bool(keep and keep(w, s))))
     names = {(w.start, w.days): w for w in windows}
     records: list[RunRecord] = [
         replace(r, window=names.get((r.window.start, r.window.days), r.window)) for r in done

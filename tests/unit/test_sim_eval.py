@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -129,3 +130,16 @@ def test_resume_runs_only_what_is_missing_and_records_round_trip() -> None:
     assert len(again) == len(first) and len(seen) == len(first) - 4
     key = sorted((r.window.name, r.seed, r.policy, r.metrics["jain"]) for r in again)
     assert key == sorted((r.window.name, r.seed, r.policy, r.metrics["jain"]) for r in first)
+
+
+def test_resume_runs_the_missing_policies_of_a_window_seed_that_has_some() -> None:
+    """A window-seed with only some policies recorded (an earlier run asked for fewer) gets
+    the others run, and only those."""
+    opts = Options(trace=None, generated_jobs=200, days=1, held_out=1, seeds=1,
+                   policies=("fifo", "static"))
+    _, first, _ = run_all(replace(opts, policies=("fifo",)))
+    seen: list[RunRecord] = []
+    _, again, _ = run_all(opts, done=first, on_task=seen.extend)
+    assert {r.key for r in seen} == {"static"} and len(seen) == len(first)
+    assert sorted((r.window.name, r.key) for r in again) == sorted(
+        (w, k) for w in {r.window.name for r in first} for k in ("fifo", "static"))
