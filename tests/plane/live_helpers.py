@@ -146,6 +146,26 @@ def cleanup(api: k8s.ApiClient, namespaces: list[str], cluster_queues: list[str]
             kube.request(api, "DELETE", kube.kueue_path("clusterqueues", cq))
 
 
+@contextlib.contextmanager
+def two_teams_on_a_full_queue(api: k8s.ApiClient) -> Iterator[tuple[str, str, str]]:
+    """Two namespaces whose LocalQueues `lq` share one ClusterQueue of 1 cpu, filled by an
+    admitted Job `running` in the first, so what is created next stays pending; yields
+    (namespace, other namespace, ClusterQueue) and cleans up on exit."""
+    ns, other = kube.create_namespace(api), kube.create_namespace(api)
+    cq = f"cq-{ns}"
+    kube.create_cluster_queue(api, cq, {"cpu": 1}, namespace_selector={"matchExpressions": [{
+        "key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns, other]}]})
+    kube.create_local_queue(api, ns, "lq", cq)
+    kube.create_local_queue(api, other, "lq", cq)
+    try:
+        create_job(api, ns, "running", "lq")
+        kube.wait_for_workload_condition(api, ns, job_workload(api, ns, "running"),
+                                         "QuotaReserved")
+        yield ns, other, cq
+    finally:
+        cleanup(api, [ns, other], [cq])
+
+
 def controller_env(kubeconfig: Path, **env: str) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith(("LOOP_", "LEASE_"))}
     out.update({"KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1", **env})

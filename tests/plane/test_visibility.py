@@ -50,16 +50,7 @@ def test_discovery_lists_both_versions(plane: Plane, api: k8s.ApiClient) -> None
 
 
 def test_pending_workloads_in_kueue_order(api: k8s.ApiClient) -> None:
-    ns, other = kube.create_namespace(api), kube.create_namespace(api)
-    cq = f"cq-{ns}"
-    kube.create_cluster_queue(api, cq, {"cpu": 1}, namespace_selector={"matchExpressions": [{
-        "key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns, other]}]})
-    kube.create_local_queue(api, ns, "lq", cq)
-    kube.create_local_queue(api, other, "lq", cq)
-    try:
-        h.create_job(api, ns, "running", "lq")
-        kube.wait_for_workload_condition(api, ns, h.job_workload(api, ns, "running"),
-                                         "QuotaReserved")
+    with h.two_teams_on_a_full_queue(api) as (ns, other, cq):
         names: dict[str, tuple[str, str]] = {}  # job -> (namespace, workload)
         for job, job_ns in (("a", ns), ("b", ns), ("c", ns), ("d", other)):
             if names:
@@ -96,5 +87,3 @@ def test_pending_workloads_in_kueue_order(api: k8s.ApiClient) -> None:
             theirs = pending(api, version, f"namespaces/{other}/localqueues/lq")
             assert [(wl_of[i["metadata"]["name"]], i["positionInClusterQueue"],
                      i["positionInLocalQueue"]) for i in theirs] == [("d", 1, 0)], theirs
-    finally:
-        h.cleanup(api, [ns, other], [cq])

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,8 @@ def test_why_as_a_namespace_reader_then_reset(
 CLUSTER_ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
 
 
-def create_why_reader_role(api: k8s.ApiClient) -> str:
+@pytest.fixture
+def why_reader_role(api: k8s.ApiClient) -> Iterator[str]:
     """The rules of ClusterRole `wdrf-why-reader` as manifests/ ships it, under a name of this
     test's own (so a later `helm install` of the chart finds no foreign object of its name)."""
     role = next(o for o in kube.render_kustomize(REPO / "manifests")
@@ -157,28 +159,19 @@ def create_why_reader_role(api: k8s.ApiClient) -> str:
     kube.request(api, "POST", CLUSTER_ROLES, {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": name}, "rules": role["rules"]}, "application/json")
-    return name
+    yield name
+    kube.request(api, "DELETE", f"{CLUSTER_ROLES}/{name}")
 
 
 def test_why_shows_kueues_own_position_to_a_namespace_reader(
-    plane: Plane, api: k8s.ApiClient, kubeconfig: Path, tmp_path: Path
+    plane: Plane, api: k8s.ApiClient, kubeconfig: Path, tmp_path: Path, why_reader_role: str
 ) -> None:
     """Two namespaces share one ClusterQueue; the reader's own namespace has two pending jobs,
     the other namespace one with a higher priority than both. `why`, run with the reader's
     token, must report the positions Kueue's visibility API gives the admin: its job second of
     two in its LocalQueue and third in the ClusterQueue (the other team's job is ahead)."""
     plane.wait_visibility()
-    ns, other = kube.create_namespace(api), kube.create_namespace(api)
-    cq = f"cq-{ns}"
-    kube.create_cluster_queue(api, cq, {"cpu": 1}, namespace_selector={"matchExpressions": [{
-        "key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns, other]}]})
-    kube.create_local_queue(api, ns, "lq", cq)
-    kube.create_local_queue(api, other, "lq", cq)
-    role = create_why_reader_role(api)
-    try:
-        h.create_job(api, ns, "running", "lq")
-        kube.wait_for_workload_condition(api, ns, h.job_workload(api, ns, "running"),
-                                         "QuotaReserved")
+    with h.two_teams_on_a_full_queue(api) as (ns, other, cq):
         wl: dict[str, str] = {}
         for job, job_ns, prio in (("train", ns, 50), ("later", ns, 0), ("rival", other, 100)):
             h.create_job(api, job_ns, job, "lq")
@@ -202,7 +195,7 @@ def test_why_shows_kueues_own_position_to_a_namespace_reader(
                       lambda: str(admin_view()))
 
         reader = reader_kubeconfig(api, kubeconfig, ns, tmp_path / "reader.kubeconfig",
-                                   cluster_role=role)
+                                   cluster_role=why_reader_role)
         reader_api = kube.token_client(api, yaml.safe_load(reader.read_text())[
             "users"][0]["user"]["token"])
         # namespace-scoped: neither the ClusterQueue's list nor another namespace's queue
@@ -223,6 +216,3 @@ def test_why_shows_kueues_own_position_to_a_namespace_reader(
         assert (pos["of"], pos["source"], pos["note"]) == (2, "visibility", ""), pos
         text = cli(reader, "why", f"{ns}/train").stdout
         assert f"position:       1 of 2 in its LocalQueue, 2 in ClusterQueue {cq}" in text, text
-    finally:
-        h.cleanup(api, [ns, other], [cq])
-        kube.request(api, "DELETE", f"{CLUSTER_ROLES}/{role}")
