@@ -78,6 +78,16 @@ def workload(api: FakeApi, ns: str, name: str, minutes_ago: int = 10,
                     "cpu": "1", **({"nvidia.com/gpu": "1"} if gpu else {})}}}]}}}]}})
 
 
+def admitted_workload(api: FakeApi, ns: str, name: str, cpu: str) -> None:
+    """A Workload Kueue admitted on ClusterQueue `cq`, using `cpu` cores."""
+    wl = workload(api, ns, name)
+    wl["status"] = {
+        "conditions": [{"type": "QuotaReserved", "status": "True"}],
+        "admission": {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": "main", "count": 1, "resourceUsage": {"cpu": cpu}, "flavors": {}}]}}
+    api.put_object(WORKLOADS.item(name, ns), wl)
+
+
 def controller(api: FakeApi, s: Settings, **kw: Any) -> LiveController:
     c = LiveController(s, api, identity=kw.pop("identity", "me"), **kw)
     c.discover()
@@ -244,12 +254,7 @@ def test_follower_writes_nothing_leader_writes() -> None:
 def test_usage_history_survives_a_restart() -> None:
     api = FakeApi()
     cluster(api)
-    wl = workload(api, "team-a", "running")
-    wl["status"] = {
-        "conditions": [{"type": "QuotaReserved", "status": "True"}],
-        "admission": {"clusterQueue": "cq", "podSetAssignments": [
-            {"name": "main", "count": 1, "resourceUsage": {"cpu": "2"}, "flavors": {}}]}}
-    api.put_object(WORKLOADS.item("running", "team-a"), wl)
+    admitted_workload(api, "team-a", "running", cpu="2")
     workload(api, "team-a", "waiting")
     s = settings(USAGE_HALF_LIFE="1h")
     first = controller(api, s)
@@ -624,12 +629,7 @@ def preempting_cluster(api: FakeApi) -> None:
         "spec": {"preemption": {"withinClusterQueue": "LowerPriority"},
                  "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
                      {"name": "default", "resources": [{"name": "cpu", "nominalQuota": "4"}]}]}]}})
-    wl = workload(api, "team-a", "running")
-    wl["status"] = {
-        "conditions": [{"type": "QuotaReserved", "status": "True"}],
-        "admission": {"clusterQueue": "cq", "podSetAssignments": [
-            {"name": "main", "count": 1, "resourceUsage": {"cpu": "1"}, "flavors": {}}]}}
-    api.put_object(WORKLOADS.item("running", "team-a"), wl)
+    admitted_workload(api, "team-a", "running", cpu="1")
     workload(api, "team-b", "waiting")
 
 
