@@ -529,14 +529,18 @@ class Settings:
         """Width of every class band: base, fairness and aging terms together."""
         return 2 * self.base_priority_cap + self.fairness_points + self.aging_span()
 
+    def protected_class(self, cls: PriorityClass) -> PriorityClass:
+        """The highest class of pending work that must not preempt admitted work of class
+        `cls`: its own class; approved for normal unless APPROVED_PREEMPTS_NORMAL."""
+        if cls is PriorityClass.NORMAL and not self.approved_preempts_normal:
+            return PriorityClass.APPROVED
+        return cls
+
     def guard(self, cls: PriorityClass) -> int:
         """Priority of an admitted Workload of class `cls` where preemption can reach it:
-        strictly above every pending Workload that must not preempt it (its own class; approved
-        too for normal unless APPROVED_PREEMPTS_NORMAL), so aging and fairness never evict."""
-        protect = cls
-        if cls is PriorityClass.NORMAL and not self.approved_preempts_normal:
-            protect = PriorityClass.APPROVED
-        return self.class_term(protect) + self.band_span() + 1
+        strictly above every pending Workload that must not preempt it (`protected_class` and
+        below), so aging and fairness never evict."""
+        return self.class_term(self.protected_class(cls)) + self.band_span() + 1
 
     def max_score(self) -> int:
         """Largest priority the policy writes (without override): the urgent guard."""

@@ -320,6 +320,12 @@ class Scored:
     terms: str
 
 
+def kueue_priority(w: Workload, c: Classified) -> int:
+    """The effective priority Kueue orders and preempts by now: spec.priority + the boost
+    annotation."""
+    return (w.priority or 0) + (c.current_boost or 0)
+
+
 def _boost(target: int, base: int) -> tuple[int, str]:
     boost = target - base
     if INT32_MIN <= boost <= INT32_MAX:
@@ -363,8 +369,7 @@ def score_pending(
             blocking = True
         since = queued_since(w, mode)
         if blocking:
-            now_priority = (w.priority or 0) + (c.current_boost or 0)
-            out.append(Scored(m, c, tuple(problems), hami, since, now_priority,
+            out.append(Scored(m, c, tuple(problems), hami, since, kueue_priority(w, c),
                               c.current_boost or 0, None, ""))
             continue
         since_ts = since.timestamp()
@@ -419,23 +424,19 @@ def pending_threats(scored: Iterable[Scored]) -> Threats:
     out: dict[tuple[str, PriorityClass], int] = {}
     for s in scored:
         c = s.classified
-        now_priority = (s.member.workload.priority or 0) + (c.current_boost or 0)
         key = (s.member.pool, c.priority_class)
-        value = max(s.target, now_priority)
+        value = max(s.target, kueue_priority(s.member.workload, c))
         if value > out.get(key, INT32_MIN - 1):
             out[key] = value
     return MappingProxyType(out)
 
 
 def _protected_from(settings: Settings) -> Mapping[PriorityClass, tuple[PriorityClass, ...]]:
-    """For each class of admitted work, the pending classes that must not preempt it: its own
-    and lower ones, and approved for normal unless APPROVED_PREEMPTS_NORMAL (`Settings.guard`)."""
+    """For each class of admitted work, the pending classes that must not preempt it:
+    `Settings.protected_class` and every class below it."""
     out: dict[PriorityClass, tuple[PriorityClass, ...]] = {}
     for cls in PriorityClass:
-        protect = cls
-        if cls is PriorityClass.NORMAL and not settings.approved_preempts_normal:
-            protect = PriorityClass.APPROVED
-        limit = settings.class_term(protect)
+        limit = settings.class_term(settings.protected_class(cls))
         out[cls] = tuple(p for p in PriorityClass if settings.class_term(p) <= limit)
     return out
 
@@ -463,7 +464,7 @@ def guard_admitted(
             continue
         cls = c.priority_class
         if c.override is None:
-            current = (w.priority or 0) + (c.current_boost or 0)
+            current = kueue_priority(w, c)
             threat = max((threats.get((m.pool, p), INT32_MIN - 1) for p in protected_from[cls]),
                          default=INT32_MIN - 1)
             if threat < current and current != classes.guard[cls]:

@@ -136,7 +136,6 @@ class Metrics:
         for label, value in values.items():
             gauge.labels(label).set(value)
 
-
     def set_pool_teams(self, gauge: Gauge, values: Mapping[tuple[str, str], float]) -> None:
         """Replace all series of a (team, pool) gauge from {(pool, team): value}. Teams are
         bounded as for wdrf_team_dominant_share (bound_teams, by each team's largest value):

@@ -526,8 +526,11 @@ class LiveController:
         outcomes = self.applier.apply(guards, after).outcomes
         unsafe = {pool_of_decision(o.change.decision) for o in outcomes
                   if o.result not in (APPLIED, NOOP)}
-        held = [c for c in rest if pool_of_decision(c.decision) in unsafe]
-        return outcomes, [c for c in rest if pool_of_decision(c.decision) not in unsafe], held
+        now: list[Change] = []
+        held: list[Change] = []
+        for c in rest:
+            (held if pool_of_decision(c.decision) in unsafe else now).append(c)
+        return outcomes, now, held
 
     def diff(self, plan: Plan, built: Built) -> Diff:
         assert self.mode is not None

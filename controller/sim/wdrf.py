@@ -69,6 +69,7 @@ class WdrfKueue(Policy):
                  aggregate_admitted: bool = True, apply_hami: bool = False) -> None:
         super().__init__()
         self.settings = settings
+        self.guards = {c: settings.guard(c) for c in PriorityClass}
         self.aggregate_admitted = aggregate_admitted
         # The plan's HAMi node/GPU policy per Workload is applied only when asked: the
         # evaluation gives every policy the same packing unless packing is the point of a row.
@@ -205,7 +206,7 @@ class WdrfKueue(Policy):
         if cached is not None and cached[0] == used:
             return cached[1]
         res = {GPU: Decimal(used), GPUCORES: Decimal(1), GPUMEM_PERCENTAGE: Decimal(1)}
-        ann = {KUEUE_PRIORITY_BOOST_ANNOTATION: str(self.settings.guard(cls))}
+        ann = {KUEUE_PRIORITY_BOOST_ANNOTATION: str(self.guards[cls])}
         if cls is PriorityClass.URGENT:
             ann[URGENT_ANNOTATION] = "true"
         elif cls is PriorityClass.APPROVED:
@@ -232,10 +233,9 @@ class WdrfKueue(Policy):
         if self.aggregate_admitted:
             workloads: list[Workload] = []
             sums: dict[tuple[str, str, PriorityClass], list[int]] = {}
-            guard = {c: self.settings.guard(c) for c in PriorityClass}
             for jid, w in self.wl.items():
                 job = sim.jobs[jid]
-                if sim.state[jid] == PENDING or self.prio.get(jid) != guard[job.cls]:
+                if sim.state[jid] == PENDING or self.prio.get(jid) != self.guards[job.cls]:
                     workloads.append(w)  # pending, or admitted and not (yet) guarded
                 else:
                     sums.setdefault((job.team, sim.cq_of_team[job.team], job.cls), []).append(jid)
