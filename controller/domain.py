@@ -192,6 +192,12 @@ class Workload:
     # When Kueue last evicted it (Evicted=True, else Requeued): its wait restarts there when
     # Kueue's requeuingStrategy.timestamp is Eviction.
     last_eviction: datetime | None = None
+    # When its current quota reservation began (QuotaReserved=True transition): how long it
+    # has run, for the reclaim's minimum run time and its choice of victims.
+    reserved_since: datetime | None = None
+    # When Kueue last preempted it (Preempted=True, else Evicted=True with reason Preempted):
+    # counted against a pool's reclaim budget.
+    preempted_at: datetime | None = None
 
     @property
     def key(self) -> str:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -182,30 +183,42 @@ def _api_version(obj: Mapping[str, Any]) -> KueueApiVersion:
     )
 
 
-def _conditions(
-    ctx: _Ctx, status: Mapping[str, Any]
-) -> tuple[dict[str, bool], datetime | None]:
-    """Condition type -> status is True; and when Kueue last evicted the Workload (the
-    Evicted=True transition, else the last Requeued transition), None when never."""
+@dataclass(frozen=True, slots=True)
+class _Conditions:
+    """What the policy reads from `status.conditions`."""
+
+    true: Mapping[str, bool]  # condition type -> status is True
+    # Kueue's last eviction (the Evicted=True transition, else the last Requeued transition).
+    last_eviction: datetime | None
+    reserved_since: datetime | None  # the QuotaReserved=True transition
+    preempted_at: datetime | None  # Preempted=True, else Evicted=True with reason Preempted
+
+
+def _conditions(ctx: _Ctx, status: Mapping[str, Any]) -> _Conditions:
     out: dict[str, bool] = {}
-    evicted: datetime | None = None
-    requeued: datetime | None = None
+    when: dict[str, datetime] = {}
+    evicted_by_preemption = False
     for i, c in enumerate(_list(status.get("conditions"), "status.conditions")):
         if not isinstance(c, Mapping) or not isinstance(c.get("type"), str):
             ctx.problem(f"status.conditions[{i}]", c, "expected a condition with a type")
             continue
         kind, true = c["type"], c.get("status") == "True"
         out[kind] = true
-        if kind in ("Evicted", "Requeued") and (kind == "Requeued" or true):
+        if kind in ("Evicted", "Requeued", "QuotaReserved", "Preempted") \
+                and (kind == "Requeued" or true):
             try:
-                when = _time(c.get("lastTransitionTime"), f"status.conditions[{i}]")
+                when[kind] = _time(c.get("lastTransitionTime"), f"status.conditions[{i}]")
             except _Bad:
                 continue
             if kind == "Evicted":
-                evicted = when
-            else:
-                requeued = when
-    return out, evicted or requeued
+                evicted_by_preemption = c.get("reason") == "Preempted"
+    return _Conditions(
+        true=out,
+        last_eviction=when.get("Evicted") or when.get("Requeued"),
+        reserved_since=when.get("QuotaReserved"),
+        preempted_at=when.get("Preempted")
+        or (when.get("Evicted") if evicted_by_preemption else None),
+    )
 
 
 def parse_workload(obj: Mapping[str, Any]) -> tuple[Workload | None, list[InputProblem]]:
@@ -262,7 +275,8 @@ def parse_workload(obj: Mapping[str, Any]) -> tuple[Workload | None, list[InputP
             ctx.problem("status", status, "expected a mapping; treated as no status")
             status = None
         status = status or EMPTY_MAPPING
-        conds, last_eviction = _conditions(ctx, status)
+        found = _conditions(ctx, status)
+        conds = found.true
         quota_reserved = conds.get("QuotaReserved", False)
         admission = None
         raw_adm = status.get("admission")
@@ -298,7 +312,9 @@ def parse_workload(obj: Mapping[str, Any]) -> tuple[Workload | None, list[InputP
             annotations=_strings(ctx, meta.get("annotations"), "metadata.annotations"),
             owner=owner,
             resource_version=str(meta.get("resourceVersion") or ""),
-            last_eviction=last_eviction,
+            last_eviction=found.last_eviction,
+            reserved_since=found.reserved_since if quota_reserved else None,
+            preempted_at=found.preempted_at,
         )
     except _Bad as bad:
         ctx.problem(bad.field, bad.value, f"{bad.message}; object skipped")

@@ -263,3 +263,30 @@ def test_owners_of_integrated_kinds_are_read_for_their_annotations() -> None:
     assert (o.kind, o.name, o.uid, dict(o.annotations)) == (
         "JobSet", "train", "js-uid", {"wdrf.x-k8s.io/approved": "true"})
     assert not snap.problems
+
+
+def test_reservation_and_preemption_times_are_read_from_conditions() -> None:
+    from controller.parse import parse_workload
+
+    obj = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": "w", "namespace": "ns", "uid": "u",
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"queueName": "q", "podSets": [{"name": "main", "count": 1, "template": {
+            "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}}}]},
+        "status": {
+            "admission": {"clusterQueue": "cq", "podSetAssignments": []},
+            "conditions": [
+                {"type": "QuotaReserved", "status": "True",
+                 "lastTransitionTime": "2026-01-01T02:00:00Z"},
+                {"type": "Evicted", "status": "True", "reason": "Preempted",
+                 "lastTransitionTime": "2026-01-01T01:00:00Z"},
+            ]},
+    }
+    w, _ = parse_workload(obj)
+    assert w is not None
+    assert w.reserved_since is not None and w.reserved_since.hour == 2
+    assert w.preempted_at is not None and w.preempted_at.hour == 1
+    obj["status"]["conditions"][1]["reason"] = "PodsReadyTimeout"  # type: ignore[index]
+    w, _ = parse_workload(obj)
+    assert w is not None and w.preempted_at is None and w.last_eviction is not None
