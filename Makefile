@@ -60,7 +60,7 @@ helm:
 	bash tools/build.sh helm
 
 lint: venv
-	$(VENV)/bin/ruff check controller tests bench tools
+	$(VENV)/bin/ruff check controller evaluation tests bench tools
 	$(VENV)/bin/mypy
 
 unit: venv

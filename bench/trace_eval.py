@@ -26,9 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from controller.sim import trace as tr  # noqa: E402
-from controller.sim.evaluate import COLUMNS, COST_COLUMNS, check_goals, plot, render, table  # noqa: E402
-from controller.sim.experiment import (  # noqa: E402
+from evaluation import trace as tr  # noqa: E402
+from evaluation.evaluate import COLUMNS, COST_COLUMNS, check_goals, plot, render, table  # noqa: E402
+from evaluation.experiment import (  # noqa: E402
     ALL_POLICIES,
     PREEMPTION,
     Options,
@@ -42,14 +42,15 @@ from controller.sim.experiment import (  # noqa: E402
     record_to_json,
     run_all,
 )
-from controller.sim.kueue import COHORT, PLACEMENT, QUOTA, SINGLE_CQ  # noqa: E402
-from controller.sim.packing import POLICIES  # noqa: E402
+from evaluation.kueue import COHORT, PLACEMENT, QUOTA, SINGLE_CQ  # noqa: E402
+from evaluation.packing import POLICIES  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", type=Path, default=REPO / tr.DEFAULT_TRACE,
-                   help="philly.csv (default: ../shared/traces/philly.csv beside the repo)")
+    p.add_argument("--trace", type=Path, default=tr.DEFAULT_TRACE,
+                   help="philly.csv (default: $WDRF_TRACE, else ../shared/traces/philly.csv "
+                   "beside the repository)")
     p.add_argument("--quick", action="store_true",
                    help="the tuning window only, one label seed")
     p.add_argument("--days", type=int, default=3, help="window length in days (3)")

@@ -1,7 +1,7 @@
 """Read the node's GPUs through NVML (``pynvml``, package nvidia-ml-py).
 
 Every NVML call goes through the ``pynvml`` module attribute at call time, so tests replace
-those functions (``controller.agent.fakenvml``) and exercise this code unchanged.
+those functions (``tests.support.fakenvml``) and exercise this code unchanged.
 
 Error policy, per GPU and per field:
 - "not available here" errors (not supported, no permission, function not found in this

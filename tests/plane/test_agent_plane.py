@@ -24,7 +24,6 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from controller.agent.fakenvml import FakeGpu, FakeNvml
 from controller.agent.kube import KubeNodeClient
 from controller.agent.metrics import new_registry
 from controller.agent.nvml import NvmlReader
@@ -33,6 +32,7 @@ from controller.agent.runner import Agent, AgentConfig
 from controller.domain import GPU, GPU_INVENTORY_ANNOTATION, CapacitySource
 from controller.inventory import decode_agent_inventory, encode_agent_inventory, gpu_capacity
 from tests.support import kube
+from tests.support.fakenvml import FakeGpu, FakeNvml
 from tests.support.kube import denial
 from tests.support.plane import Plane
 

@@ -1,5 +1,5 @@
 """The trace simulator checked against the real plane: two small scenarios, replayed both in
-the Kueue model (controller/sim/kueue.py, WDRF through `controller.sim.wdrf.WdrfKueue`, i.e.
+the Kueue model (evaluation/kueue.py, WDRF through `evaluation.wdrf.WdrfKueue`, i.e.
 the controller's own `compute_plan`) and on the real control plane (kube-apiserver, Kueue's
 manager, kube-controller-manager, kube-scheduler, kwok GPU nodes) with the live controller
 writing priorities, must give the same admissions in the same order and the same preemptions
@@ -70,8 +70,8 @@ from kubernetes.client.exceptions import ApiException
 from controller.config import Settings
 from controller.domain import APPROVED_ANNOTATION, URGENT_ANNOTATION, PriorityClass
 from controller.live import runner
-from controller.sim.engine import SimConfig
-from controller.sim.kueue import (
+from evaluation.engine import SimConfig
+from evaluation.kueue import (
     ANY,
     COHORT,
     LOWER_PRIORITY,
@@ -79,8 +79,8 @@ from controller.sim.kueue import (
     KueueConfig,
     KueueSim,
 )
-from controller.sim.trace import PCT, SimJob
-from controller.sim.wdrf import WdrfKueue
+from evaluation.trace import PCT, SimJob
+from evaluation.wdrf import WdrfKueue
 from tests.plane import live_helpers as h
 from tests.support import kube
 from tests.support.plane import Plane

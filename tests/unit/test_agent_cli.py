@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from controller.agent.cli import agent, parse_duration
-from controller.agent.fakenvml import FakeNvml, h100s
+from tests.support.fakenvml import FakeNvml, h100s
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,12 +17,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.agent import nvml as agent_nvml
-from controller.agent.fakenvml import H100, H100_BYTES, FakeGpu, FakeMig, FakeNvml, h100s
 from controller.agent.health import HealthPolicy, assess
 from controller.agent.metrics import new_registry, render
 from controller.agent.nvml import GpuSample, NoDriverError, NvmlReader, NvmlReadError
 from controller.agent.runner import Agent, AgentConfig
 from controller.inventory import encode_agent_inventory
+from tests.support.fakenvml import H100, H100_BYTES, FakeGpu, FakeMig, FakeNvml, h100s
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 A100 = "NVIDIA A100-SXM4-40GB"

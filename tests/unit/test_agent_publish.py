@@ -14,7 +14,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.agent import kube as agent_kube
-from controller.agent.fakenvml import FakeNvml, h100s
 from controller.agent.metrics import new_registry, render
 from controller.agent.nvml import NvmlReader
 from controller.agent.publish import (
@@ -34,6 +33,7 @@ from controller.inventory import (
     decode_agent_inventory,
     encode_agent_inventory,
 )
+from tests.support.fakenvml import FakeNvml, h100s
 
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,5 +167,23 @@ def test_dockerignore_keeps_what_is_copied_and_drops_the_rest(stages: list[Stage
         for f in files:
             rel = f.relative_to(ROOT).as_posix()
             assert not _ignored(rel, patterns), f"{rel} is copied but .dockerignore drops it"
-    for never in (".venv/bin/python", ".git/config", "tools/bin/kube-apiserver", "tests/x.py"):
+    for never in (".venv/bin/python", ".git/config", "tools/bin/kube-apiserver", "tests/x.py",
+                  "evaluation/kueue.py", "bench/trace_eval.py"):
         assert _ignored(never, patterns), never
+
+
+def test_the_wheel_carries_the_controller_package_only() -> None:
+    """The evaluation, the benchmarks and the test stand-ins (the fake NVML) stay out of the
+    wheel: setuptools' package discovery with pyproject's own settings finds `controller*` only,
+    and nothing under controller/ is a test stand-in or pulls in the evaluation's matplotlib."""
+    from setuptools import find_namespace_packages
+
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    include = found["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = find_namespace_packages(str(ROOT), include=include)  # pyproject: namespaces on
+    assert "controller" in packages and "controller.agent" in packages
+    assert all(p == "controller" or p.startswith("controller.") for p in packages), packages
+    for f in (ROOT / "controller").rglob("*.py"):
+        text = f.read_text(encoding="utf-8")
+        assert "fake" not in f.name, f
+        assert "import matplotlib" not in text and "from evaluation" not in text, f

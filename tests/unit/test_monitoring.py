@@ -22,12 +22,12 @@ import yaml
 from prometheus_client import Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.agent.fakenvml import FakeGpu, FakeMig, FakeNvml, h100s
 from controller.agent.health import HealthPolicy
 from controller.agent.metrics import new_registry, render
 from controller.agent.nvml import NvmlReader
 from controller.agent.runner import Agent, AgentConfig
 from controller.live.metrics import Metrics
+from tests.support.fakenvml import FakeGpu, FakeMig, FakeNvml, h100s
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "manifests" / "overlays" / "prometheus"

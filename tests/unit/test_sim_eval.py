@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from controller.sim import trace as tr
-from controller.sim.evaluate import Estimate, bootstrap, check_goals, paired
-from controller.sim.experiment import (
+from evaluation import trace as tr
+from evaluation.evaluate import Estimate, bootstrap, check_goals, paired
+from evaluation.experiment import (
     FS_NAME,
     Options,
     RunRecord,
@@ -115,7 +115,7 @@ def test_a_tiny_evaluation_runs_end_to_end() -> None:
 
 
 def test_resume_runs_only_what_is_missing_and_records_round_trip() -> None:
-    from controller.sim.experiment import record_from_json, record_to_json
+    from evaluation.experiment import record_from_json, record_to_json
 
     opts = Options(trace=None, generated_jobs=200, days=1, held_out=1, seeds=2,
                    policies=("fifo", "static"))

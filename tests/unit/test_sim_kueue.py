@@ -1,4 +1,4 @@
-"""The Kueue model (controller/sim/kueue.py), mechanism by mechanism, against Kueue's documented
+"""The Kueue model (evaluation/kueue.py), mechanism by mechanism, against Kueue's documented
 behaviour (Kueue concepts "Preemption", "Cluster Queue", "Setup All-or-nothing with
 waitForPodsReady"; ../shared/docs/kueue.md), plus the conservation and completed-once
 invariants with preemption."""
@@ -11,9 +11,9 @@ from collections.abc import Sequence
 import pytest
 
 from controller.domain import PriorityClass
-from controller.sim import trace as tr
-from controller.sim.engine import SimConfig, SimResult
-from controller.sim.kueue import (
+from evaluation import trace as tr
+from evaluation.engine import SimConfig, SimResult
+from evaluation.kueue import (
     COHORT,
     PLACEMENT,
     PODS_READY_TIMEOUT,
@@ -21,7 +21,7 @@ from controller.sim.kueue import (
     KueueConfig,
     KueueSim,
 )
-from controller.sim.policies import AfsModel, DrfIdeal, Fifo, Policy, StaticClasses
+from evaluation.policies import AfsModel, DrfIdeal, Fifo, Policy, StaticClasses
 
 U, A, N = PriorityClass.URGENT, PriorityClass.APPROVED, PriorityClass.NORMAL
 

@@ -1,4 +1,4 @@
-"""The Kueue model's scheduling cycles and inadmissible-workload requeues (controller/sim/kueue.py)
+"""The Kueue model's scheduling cycles and inadmissible-workload requeues (evaluation/kueue.py)
 against Kueue v0.19's scheduler: both were found by replaying a scenario on the real plane
 (tests/plane/test_sim_vs_plane.py) and are checked here mechanism by mechanism.
 
@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from controller.domain import PriorityClass
-from controller.sim import trace as tr
-from controller.sim.engine import SimConfig, SimResult
-from controller.sim.kueue import COHORT, KueueConfig, KueueSim
-from controller.sim.policies import DrfIdeal, Policy, StaticClasses
+from evaluation import trace as tr
+from evaluation.engine import SimConfig, SimResult
+from evaluation.kueue import COHORT, KueueConfig, KueueSim
+from evaluation.policies import DrfIdeal, Policy, StaticClasses
 
 A, N = PriorityClass.APPROVED, PriorityClass.NORMAL
 

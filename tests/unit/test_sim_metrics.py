@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from controller.sim.metrics import demand_capped_jain, jain, quantile, quantiles, water_fill
+from evaluation.metrics import demand_capped_jain, jain, quantile, quantiles, water_fill
 
 
 def test_jain_equal_shares_is_one() -> None:
@@ -62,10 +62,10 @@ def test_quantiles_linear_interpolation() -> None:
 
 def _kueue_run():  # type: ignore[no-untyped-def]
     from controller.domain import PriorityClass
-    from controller.sim.engine import SimConfig
-    from controller.sim.kueue import KueueConfig, KueueSim
-    from controller.sim.policies import StaticClasses
-    from controller.sim.trace import SimJob
+    from evaluation.engine import SimConfig
+    from evaluation.kueue import KueueConfig, KueueSim
+    from evaluation.policies import StaticClasses
+    from evaluation.trace import SimJob
 
     n, u = PriorityClass.NORMAL, PriorityClass.URGENT
     jobs = [
@@ -78,8 +78,8 @@ def _kueue_run():  # type: ignore[no-untyped-def]
 
 
 def test_run_metrics_waits_slowdown_preemption_and_loss() -> None:
-    from controller.sim.metrics import run_metrics
-    from controller.sim.trace import Period
+    from evaluation.metrics import run_metrics
+    from evaluation.trace import Period
 
     r = _kueue_run()
     m = run_metrics(r, Period(0.0, 4 * 3600.0), [1.0, 1.0], 10.0)
@@ -96,8 +96,8 @@ def test_run_metrics_waits_slowdown_preemption_and_loss() -> None:
 
 
 def test_team_ratios_against_weighted_entitlement() -> None:
-    from controller.sim.metrics import team_ratios
-    from controller.sim.trace import Period
+    from evaluation.metrics import team_ratios
+    from evaluation.trace import Period
 
     r = _kueue_run()
     ratios, errors, per_hour = team_ratios(r, Period(0.0, 4 * 3600.0), [1.0, 1.0])

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from controller.sim.packing import BINPACK, SPREAD, Cluster
+from evaluation.packing import BINPACK, SPREAD, Cluster
 
 
 def test_whole_gpu_binpack_fills_one_node_first() -> None:

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from controller.sim.evaluate import check_goals, plot, render
-from controller.sim.experiment import ALL_POLICIES, Options, run_all
+from evaluation.evaluate import check_goals, plot, render
+from evaluation.experiment import ALL_POLICIES, Options, run_all
+from evaluation.trace import DEFAULT_TRACE
 
-TRACE = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "philly.csv"
+TRACE = DEFAULT_TRACE
 
 
 def _trace() -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller.domain import PriorityClass
-from controller.sim import trace as tr
+from evaluation import trace as tr
 
 
 def test_generated_trace_is_seeded() -> None:

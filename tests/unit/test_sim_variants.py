@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 import pytest
 
 from controller.config import Settings
-from controller.sim.experiment import FS_NAME, Options, make_policy, parse_variant
-from controller.sim.kueue import ANY, COHORT, LOWER_PRIORITY, NEVER, SINGLE_CQ
-from controller.sim.wdrf import WdrfKueue
+from evaluation.experiment import FS_NAME, Options, make_policy, parse_variant
+from evaluation.kueue import ANY, COHORT, LOWER_PRIORITY, NEVER, SINGLE_CQ
+from evaluation.wdrf import WdrfKueue
 
 ZERO = datetime(2017, 9, 4, tzinfo=UTC)
 

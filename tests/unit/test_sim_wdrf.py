@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 import pytest
 
-import controller.sim.wdrf as wdrf_module
+import evaluation.wdrf as wdrf_module
 from controller.config import Settings
 from controller.domain import PriorityClass
-from controller.sim import trace as tr
-from controller.sim.engine import SimConfig, SimResult
-from controller.sim.kueue import COHORT, PREEMPTED, KueueConfig, KueueSim
-from controller.sim.wdrf import WdrfKueue
+from evaluation import trace as tr
+from evaluation.engine import SimConfig, SimResult
+from evaluation.kueue import COHORT, PREEMPTED, KueueConfig, KueueSim
+from evaluation.wdrf import WdrfKueue
 
 RANK = {PriorityClass.NORMAL: 0, PriorityClass.APPROVED: 1, PriorityClass.URGENT: 2}
 

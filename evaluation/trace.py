@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,12 @@ DAY = 86400.0
 HOUR = 3600.0
 PCT = 100  # GPU percent in one whole GPU
 
-DEFAULT_TRACE = Path("../shared/traces/philly.csv")
+# The trace lives in ../shared beside the repository; resolved from this file, not the working
+# directory. `WDRF_TRACE` or `bench/trace_eval.py --trace` (Options.trace) point elsewhere.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TRACE = Path(
+    os.environ.get("WDRF_TRACE") or REPO_ROOT.parent / "shared" / "traces" / "philly.csv"
+)
 CITATION = (
     'Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN Training '
     'Workloads", USENIX ATC 2019; Philly trace, CC BY 4.0 '
@@ -100,7 +106,7 @@ def load_philly(path: str | Path) -> Trace:
     if not p.is_file():
         raise FileNotFoundError(
             f"trace file {p} not found: the Philly trace lives at ../shared/traces/philly.csv "
-            "beside the repository (pass --trace PATH)"
+            "beside the repository (set WDRF_TRACE or pass --trace PATH)"
         )
     rows: list[tuple[datetime, int, float, int, str]] = []
     with p.open(newline="") as fh:

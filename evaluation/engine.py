@@ -1,5 +1,5 @@
 """Structures shared by the simulator: configuration, the pending queue, time series and the
-result of one run. The Kueue model that uses them is `controller.sim.kueue.KueueSim`."""
+result of one run. The Kueue model that uses them is `evaluation.kueue.KueueSim`."""
 
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from controller.sim.packing import BINPACK, SPREAD
-from controller.sim.trace import PCT, SimJob
+from evaluation.packing import BINPACK, SPREAD
+from evaluation.trace import PCT, SimJob
 
 if TYPE_CHECKING:
-    from controller.sim.kueue import Eviction
+    from evaluation.kueue import Eviction
 
 Key = tuple[float, ...]
 
@@ -107,7 +107,7 @@ class SimResult:
     makespan: float
     overcommit_checks: int = 0
     extra: dict[str, float] = field(default_factory=dict)
-    # Kueue model (controller/sim/kueue.py) only:
+    # Kueue model (evaluation/kueue.py) only:
     evictions: list[Eviction] = field(default_factory=list)
     lost: float = 0.0  # GPU-percent-seconds of work lost to preemption
     quota_admissions: list[int] = field(default_factory=list)  # per job: quota reservations

@@ -71,12 +71,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from controller.sim.engine import Series, SimConfig, SimResult, SortedQueue
-from controller.sim.packing import Cluster, Placement
-from controller.sim.trace import SimJob
+from evaluation.engine import Series, SimConfig, SimResult, SortedQueue
+from evaluation.packing import Cluster, Placement
+from evaluation.trace import SimJob
 
 if TYPE_CHECKING:
-    from controller.sim.policies import Policy
+    from evaluation.policies import Policy
 
 NEVER = "Never"
 LOWER_PRIORITY = "LowerPriority"

@@ -49,11 +49,11 @@ from controller.domain import (
     frozen_resources,
 )
 from controller.policy import compute_plan
-from controller.sim.policies import Policy, describe_settings
-from controller.sim.trace import PCT, SimJob
+from evaluation.policies import Policy, describe_settings
+from evaluation.trace import PCT, SimJob
 
 if TYPE_CHECKING:
-    from controller.sim.policies import AnySim
+    from evaluation.policies import AnySim
 
 TERMS_ANNOTATION = "wdrf.x-k8s.io/priority-terms"
 COHORT_NAME = "all-teams"
@@ -98,12 +98,12 @@ class WdrfKueue(Policy):
         self.applied: dict[int, tuple[int, int, str]] = {}
 
     def reset(self, sim: AnySim) -> None:
-        from controller.sim.kueue import KueueSim
+        from evaluation.kueue import KueueSim
 
         super().reset(sim)
         self._init_state()
         if not isinstance(sim, KueueSim):
-            raise TypeError("WdrfKueue runs in the Kueue model (controller.sim.kueue)")
+            raise TypeError("WdrfKueue runs in the Kueue model (evaluation.kueue)")
         k = sim.k
         cohort = COHORT_NAME if len(sim.cqs) > 1 else None
         pre = Preemption(
@@ -163,7 +163,7 @@ class WdrfKueue(Policy):
         self.dirty = True
 
     def on_admit(self, job: SimJob, now: float) -> None:
-        from controller.sim.kueue import KueueSim
+        from evaluation.kueue import KueueSim
 
         sim = self.sim
         assert isinstance(sim, KueueSim)
@@ -177,7 +177,7 @@ class WdrfKueue(Policy):
         self.dirty = True
 
     def on_release(self, job: SimJob, now: float) -> None:
-        from controller.sim.kueue import DONE
+        from evaluation.kueue import DONE
 
         self.dirty = True
         if self.sim.state[job.job_id] == DONE:
@@ -225,7 +225,7 @@ class WdrfKueue(Policy):
         return w
 
     def tick(self, now: float) -> bool:
-        from controller.sim.kueue import PENDING, KueueSim
+        from evaluation.kueue import PENDING, KueueSim
 
         sim = self.sim
         assert isinstance(sim, KueueSim)

@@ -1,5 +1,5 @@
 """One evaluation run: pick windows of the trace, label them with a seed, size the cluster, and
-simulate every policy in the Kueue model (controller/sim/kueue.py) under the same Kueue settings.
+simulate every policy in the Kueue model (evaluation/kueue.py) under the same Kueue settings.
 
 A *window* is `DAYS` days of the trace from a UTC date; jobs still running at its start are
 carried in (never measured); the cluster is sized so the window's offered load is `target_load`;
@@ -18,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from controller.config import SETTING_FIELDS, Settings, with_overrides
-from controller.sim import trace as tr
-from controller.sim.engine import SimConfig, SimResult
-from controller.sim.kueue import (
+from evaluation import trace as tr
+from evaluation.engine import SimConfig, SimResult
+from evaluation.kueue import (
     ANY,
     COHORT,
     LOWER_OR_NEWER_EQUAL,
@@ -31,10 +31,10 @@ from controller.sim.kueue import (
     KueueConfig,
     KueueSim,
 )
-from controller.sim.metrics import run_metrics
-from controller.sim.packing import BINPACK, SPREAD
-from controller.sim.policies import AfsModel, DrfIdeal, Fifo, Policy, StaticClasses
-from controller.sim.wdrf import WdrfKueue
+from evaluation.metrics import run_metrics
+from evaluation.packing import BINPACK, SPREAD
+from evaluation.policies import AfsModel, DrfIdeal, Fifo, Policy, StaticClasses
+from evaluation.wdrf import WdrfKueue
 
 ALL_POLICIES = ("fifo", "static", "afs", "fs", "drf", "wdrf", "wdrf-fs")
 BASELINES = ("afs", "fs", "drf")  # the fairness baselines of the goals

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.sim.trace import PCT
+from evaluation.trace import PCT
 
 BINPACK = "binpack"
 SPREAD = "spread"

@@ -23,11 +23,11 @@ from controller.config import SETTING_FIELDS, Settings
 from controller.domain import (
     PriorityClass,
 )
-from controller.sim.trace import PCT, SimJob
+from evaluation.trace import PCT, SimJob
 
 if TYPE_CHECKING:
-    from controller.sim.engine import Key
-    from controller.sim.kueue import KueueSim
+    from evaluation.engine import Key
+    from evaluation.kueue import KueueSim
 
     AnySim: TypeAlias = KueueSim
 

@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.domain import PriorityClass
-from controller.sim.engine import SimResult
-from controller.sim.trace import HOUR, Period
+from evaluation.engine import SimResult
+from evaluation.trace import HOUR, Period
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,8 +203,8 @@ def compute(
 
 
 # ---------------------------------------------------------------------------------------------
-# Scalar metrics of one run in the Kueue model (controller/sim/kueue.py), for the multi-window
-# evaluation (controller/sim/evaluate.py). Every value is a float; NaN when not measurable.
+# Scalar metrics of one run in the Kueue model (evaluation/kueue.py), for the multi-window
+# evaluation (evaluation/evaluate.py). Every value is a float; NaN when not measurable.
 
 SLOWDOWN_BOUND = 600.0  # bounded slowdown: run times under 10 min count as 10 min
 SIZE_BUCKETS: tuple[tuple[str, int, float], ...] = (
@@ -260,7 +260,7 @@ def run_metrics(
     result: SimResult, period: Period, weights: Sequence[float], loop_interval: float
 ) -> dict[str, float]:
     """The evaluation's scalar metrics for one policy on one window and label seed."""
-    from controller.sim.trace import PCT
+    from evaluation.trace import PCT
 
     jobs = [j for j in result.jobs if not j.carried and period.start <= j.submit < period.end]
     out: dict[str, float] = {}
@@ -341,7 +341,7 @@ def themis_max(result: SimResult, jobs: Sequence[object], weights: Sequence[floa
     """Themis finish-time fairness, worst team: the mean over a team's jobs of
     rho = JCT / T_isolated, where T_isolated is the job's run time on the team's weighted
     share of the cluster alone (time-sliced when the job needs more than that share)."""
-    from controller.sim.trace import SimJob
+    from evaluation.trace import SimJob
 
     cap = result.config.capacity
     idx = {t: i for i, t in enumerate(result.teams)}

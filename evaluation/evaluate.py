@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from controller.sim.experiment import FS_NAME, Options, RunRecord, Window
-from controller.sim.metrics import quantile
-from controller.sim.trace import CITATION, HOUR
+from evaluation.experiment import FS_NAME, Options, RunRecord, Window
+from evaluation.metrics import quantile
+from evaluation.trace import CITATION, HOUR
 
 RESAMPLES = 2000
 WDRF = "WDRF"
@@ -285,7 +285,7 @@ def plot(out: Path, records: Sequence[RunRecord]) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from controller.sim.metrics import team_ratios
+    from evaluation.metrics import team_ratios
 
     rs = [r for r in records if r.result is not None]
     if not rs:
@@ -324,7 +324,7 @@ def plot(out: Path, records: Sequence[RunRecord]) -> list[str]:
     for k, r in enumerate(rs):
         res = r.result
         assert res is not None
-        from controller.sim.trace import Period
+        from evaluation.trace import Period
 
         _, _, per_hour = team_ratios(res, Period(0.0, r.window.days * 86400.0), r.weights)
         ax = grid[k // cols][k % cols]
