@@ -4,37 +4,54 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import textwrap
 from collections.abc import Mapping
+from dataclasses import fields as dataclass_fields
+from datetime import UTC, datetime, timedelta
+from enum import Enum
 from typing import Any
 
 import yaml
 
 from controller.config import Settings
-from controller.plan import Plan, TeamShare, WorkloadDecision
+from controller.plan import (
+    Plan,
+    PriorityBreakdown,
+    TeamShare,
+    WorkloadDecision,
+    parse_terms,
+)
 
 OUTPUTS = ("table", "json", "yaml")
 
 
-def _duration(seconds: float) -> str:
+def _duration(seconds: float, minutes: bool = False) -> str:
+    """20m, 1h 50m, 2d 1h (minutes too past two days with `minutes`); zero parts left out."""
     s = int(seconds)
     if s < 120:
         return f"{s}s"
-    if s < 7200:
+    if s < 3600:
         return f"{s // 60}m"
     if s < 172800:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+        parts = [(s // 3600, "h"), ((s % 3600) // 60, "m")]
+    else:
+        parts = [(s // 86400, "d"), ((s % 86400) // 3600, "h")]
+        if minutes:
+            parts.append(((s % 3600) // 60, "m"))
+    return " ".join(f"{n}{unit}" for n, unit in parts if n) or "0s"
 
 
 def _duration_up(seconds: float) -> str:
-    """Like _duration, rounded up to the unit shown (a bound must not be understated)."""
-    unit = 1 if seconds < 120 else 60 if seconds < 172800 else 3600
-    return _duration(math.ceil(seconds / unit) * unit)
+    """Rounded up to the minute, minutes always shown (a bound must not be understated)."""
+    unit = 1 if seconds < 120 else 60
+    return _duration(math.ceil(seconds / unit) * unit, minutes=True)
 
 
 def _amount(resource: str, value: float) -> str:
-    """Human units: bytes as GiB for memory-like resources, GPUs as GPU-equivalents."""
+    """Human units: bytes as GiB for memory-like resources, GPUs as GPU-equivalents (the
+    flavor, as in `h100:memory`, does not change the unit)."""
+    resource = resource.rpartition(":")[2]
     if resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-"):
         return f"{value / 2**30:.4g}Gi"
     if resource.startswith("nvidia.com/"):
@@ -100,6 +117,7 @@ def decision_dict(d: WorkloadDecision) -> dict[str, Any]:
         "uid": d.uid,
         "clusterQueue": d.cluster_queue,
         "rank": d.rank,
+        "position": None if d.admitted else d.rank + 1,
         "admitted": d.admitted,
         "team": d.team,
         "basePriority": d.base_priority,
@@ -113,26 +131,7 @@ def decision_dict(d: WorkloadDecision) -> dict[str, Any]:
         "terms": d.terms,
     }
     if b is not None:
-        out["breakdown"] = {
-            "class": b.priority_class.value,
-            "classWeight": b.class_weight,
-            "classTerm": b.class_term,
-            "team": b.team,
-            "pool": b.pool,
-            "dominantResource": b.dominant_resource,
-            "dominantShare": _finite(b.dominant_share),
-            "fairnessLevel": b.fairness_level,
-            "fairnessTerm": b.fairness_term,
-            "queuedSince": b.queued_since.isoformat(),
-            "waitSeconds": round(b.wait_seconds, 3),
-            "reference": b.reference.isoformat(),
-            "agingTerm": b.aging_term,
-            "base": b.base,
-            "baseTerm": b.base_term,
-            "override": b.override,
-            "guard": b.guard,
-            "priority": b.priority,
-        }
+        out["breakdown"] = breakdown_dict(b)
     if d.hami is not None:
         out["hami"] = {
             "nodePolicy": d.hami.node_policy,
@@ -145,6 +144,28 @@ def decision_dict(d: WorkloadDecision) -> dict[str, Any]:
     if d.problems:
         out["problems"] = [str(p) for p in d.problems]
     return out
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, float):
+        return _finite(value)
+    return value
+
+
+def breakdown_dict(b: PriorityBreakdown) -> dict[str, Any]:
+    """Every field of the breakdown, camelCase (`priority_class` as `class`), so a term the
+    policy adds shows up without a change here."""
+    return {"class" if f.name == "priority_class" else _camel(f.name): _plain(getattr(b, f.name))
+            for f in dataclass_fields(b)}
 
 
 def team_dict(t: TeamShare) -> dict[str, Any]:
@@ -173,69 +194,120 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     }
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return "\n".join(lines)
-
-
-TABLE_WIDTH = 120
+TABLE_WIDTH = 120  # when the width of the terminal is unknown (output to a pipe or a file)
 NOT_DECIDED = ("not a Workload this plan decides in this snapshot (it decides pending ones, and "
                "admitted ones where preemption can reach them)")
+LEGEND = ("POS 1 = admitted next. SHARE = the team's weighted dominant share of its pool (0-1). "
+          "* = changes. Exact terms: -o json|yaml, explain.")
+GUARD_TEXT = ("Admitted workloads are guarded: their priority is raised above every pending "
+              "workload of their class, so only a higher class can preempt them.")
+_NOTE_MIN = 24  # a NOTE column narrower than this goes on its own line
+
+# Keys of the priority-terms annotation the table shows in its own columns; any other key (a
+# state, a reason the policy adds) is shown in NOTE as written, so new terms need no renderer.
+_SHOWN_TERMS = frozenset({"version", "class", "team", "pool", "level", "fair", "since", "ref",
+                          "base", "override", "priority", "wait"})
+
+
+def terminal_width() -> int:
+    """The terminal's width ($COLUMNS first), else TABLE_WIDTH."""
+    return max(60, shutil.get_terminal_size((TABLE_WIDTH, 24)).columns)
 
 
 def _fit(text: str, width: int) -> str:
-    """Shorten in the middle: both a namespace and a name's hash suffix stay readable."""
+    """Shorten in the middle (summary lines only; keys in tables are never cut)."""
     if len(text) <= width:
         return text
     keep = width - 1
     return text[: keep - keep // 2] + "~" + text[len(text) - keep // 2:]
 
 
+def _share(d: WorkloadDecision) -> str:
+    return "-" if d.breakdown is None else f"{d.breakdown.dominant_share:.2f}"
+
+
+def note(d: WorkloadDecision) -> str:
+    """What the columns do not say, in words: guard, override, bad input, other terms."""
+    parts: list[str] = []
+    if d.leave_unchanged:
+        fields_ = sorted({p.field for p in d.problems})
+        parts.append("left unchanged, bad " + ", ".join(fields_) + " (see Problems)"
+                     if fields_ else "left unchanged")
+    b = d.breakdown
+    if b is not None:
+        if b.guard:
+            parts.append("guarded")
+        if b.override is not None:
+            parts.append(f"priority set by an admin (override {b.override})")
+        if b.base_term:
+            parts.append(f"base priority {b.base}")
+        if b.clamped:
+            parts.append(f"clamped: {b.clamped}")
+    terms = parse_terms(d.terms)
+    for key, value in terms.items():
+        if key in _SHOWN_TERMS or (key == "state" and value == "admitted"):
+            continue
+        parts.append(value if key == "state" else f"{key} {value}")
+    if d.problems and not d.leave_unchanged:
+        parts.append(f"{len(d.problems)} problem(s), see Problems")
+    return "; ".join(parts)
+
+
 def _decision_rows(decisions: list[WorkloadDecision]) -> list[list[str]]:
     """One row per decision; the TEAM column only when some team is not the namespace."""
     with_team = any(d.team != d.key.partition("/")[0] for d in decisions)
-    rows = [["#", "WORKLOAD", *(["TEAM"] if with_team else []), "WAIT", "PRIORITY NOW->PLAN",
-             "WHY"]]
+    rows = [["POS", "WORKLOAD", *(["TEAM"] if with_team else []), "CLASS", "WAITED", "SHARE",
+             "PRIORITY NOW -> PLAN", "NOTE"]]
     for d in decisions:
         b = d.breakdown
         now_eff = current_effective(d)
         changed = "" if (now_eff == d.target_priority or d.leave_unchanged) else " *"
-        wait = "adm" if d.admitted else (_duration(b.wait_seconds) if b else "-")
+        waited = "admitted" if d.admitted else (_duration(b.wait_seconds) if b else "-")
         rows.append([
-            "-" if d.admitted else str(d.rank), d.key, *([d.team] if with_team else []), wait,
-            f"{now_eff} -> {d.target_priority}{changed}", reason(d),
+            "-" if d.admitted else str(d.rank + 1), d.key, *([d.team] if with_team else []),
+            b.priority_class.value if b else "-", waited, _share(d),
+            f"{now_eff} -> {d.target_priority}{changed}", note(d),
         ])
     return rows
 
 
-def _fitted_table(rows: list[list[str]], squeeze: tuple[tuple[int, int], ...]) -> str:
-    """A table at most TABLE_WIDTH wide: the `squeeze` (column, narrowest) columns are
-    shortened in that order, then lines are cut."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    over = sum(widths) + 2 * (len(widths) - 1) - TABLE_WIDTH
-    for col, narrowest in squeeze:
-        if over <= 0:
-            break
-        cut = min(over, max(widths[col] - narrowest, 0))
-        widths[col] -= cut
-        over -= cut
+def _layout(rows: list[list[str]], width: int) -> str:
+    """Columns as wide as their widest cell, never cut; the last column wraps at word
+    boundaries into what is left of `width`, or goes on its own lines when too little is."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    indent = sum(widths) + 2 * len(widths)
+    room = width - indent
     lines = []
     for r in rows:
-        cells = [_fit(c, w) for c, w in zip(r, widths, strict=True)]
-        line = "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
-        lines.append(line if len(line) <= TABLE_WIDTH else line[: TABLE_WIDTH - 1] + "~")
+        head = "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True))
+        last = r[-1]
+        if not last:
+            lines.append(head.rstrip())
+        elif room >= _NOTE_MIN or len(last) <= room:
+            wrapped = textwrap.wrap(last, max(room, _NOTE_MIN), break_long_words=False,
+                                    break_on_hyphens=False)
+            lines.append(head + "  " + wrapped[0])
+            lines += [" " * indent + more for more in wrapped[1:]]
+        else:
+            lines.append(head.rstrip())
+            lines += textwrap.wrap(last, width, initial_indent="      ",
+                                   subsequent_indent="      ", break_long_words=False,
+                                   break_on_hyphens=False)
     return "\n".join(lines)
 
 
-def render_table(plan: Plan, settings: Settings | None = None) -> str:
+def _when(ts: datetime) -> str:
+    return ts.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def render_table(plan: Plan, settings: Settings | None = None, width: int | None = None) -> str:
+    width = width or terminal_width()
     pending = [d for d in plan.decisions if not d.admitted]
     guarded = [d for d in plan.decisions if d.admitted]
-    out = [f"Plan at {plan.now.isoformat()}: {len(pending)} pending workload(s) in planned "
-           "admission order per ClusterQueue", "(# = position; * = will change; adm = admitted, "
-           "given its class guard so that only a higher class may preempt it)"]
+    out = [_wrap(f"Plan at {_when(plan.now)}: {len(pending)} pending workload(s), in the order "
+                 "Kueue will admit them per ClusterQueue", "", width), _wrap(LEGEND, "", width)]
+    if guarded:
+        out.append(_wrap(GUARD_TEXT, "", width))
     by_queue: dict[str, list[WorkloadDecision]] = {}
     for d in [*pending, *guarded]:
         by_queue.setdefault(d.cluster_queue or "-", []).append(d)
@@ -246,49 +318,52 @@ def render_table(plan: Plan, settings: Settings | None = None) -> str:
         n_pending = sum(1 for d in ds if not d.admitted)
         out.append("")
         out.append(f"ClusterQueue {queue}: {n_pending} pending, {len(ds) - n_pending} admitted")
-        rows = _decision_rows(ds)
-        why = len(rows[0]) - 1
-        out.append(_fitted_table(rows, squeeze=((why, 48), (1, 30), (why, 20), (2, 12))))
+        out.append(_layout(_decision_rows(ds), width))
         for d in ds:
             h = hami_short(d)
             if h != "-":
-                out.append(_fit(f"  HAMi {d.key}: {h}", TABLE_WIDTH))
-    if plan.teams:
+                out.append(_wrap(f"HAMi {d.key}: {h}", "  ", width))
+    if plan.pool_shares:
         out.append("")
-        out.append("Teams (weighted dominant share per pool; fairness level of "
-                   f"{settings.fairness_levels if settings else '?'}):")
-        trows = [["TEAM", "POOL", "DOMINANT", "SHARE", "LEVEL", "FAIR"]]
+        levels = settings.fairness_levels if settings else None
+        out.append(_wrap("Teams (weighted dominant share of each pool; the fairness level, of "
+                         f"{levels if levels else '?'}, is what the share earns):", "", width))
+        trows = [["TEAM", "POOL", "SHARE", "OF ITS ENTITLEMENT", "FAIRNESS LEVEL",
+                  "LARGEST RESOURCE"]]
         for (pool, team), t in sorted(plan.pool_shares.items(),
                                       key=lambda kv: (kv[0][0], kv[1].dominant_share, kv[0][1])):
-            trows.append([team, pool, t.dominant_resource or "-", f"{t.dominant_share:.3f}",
-                          str(t.level), str(t.fairness_term)])
-        out.append(_fitted_table(trows, squeeze=((1, 16), (2, 16), (0, 16))))
+            trows.append([team, pool, f"{t.dominant_share:.2f}",
+                          f"{t.usage_over_entitlement:.2f}x", f"{t.level}",
+                          t.dominant_resource or "-"])
+        out.append(_layout(trows, width))
     problems = [p for d in plan.decisions for p in d.problems] + list(plan.problems)
     if problems:
         out.append("")
         out.append(f"Problems ({len(problems)}):")
-        out += [_wrap(f"- {p}") for p in problems]
+        out += [_wrap(f"- {p}", "  ", width) for p in problems]
     if plan.warnings:
         out.append("")
         out.append("Warnings:")
-        out += [_wrap(f"- {w}") for w in plan.warnings]
+        out += [_wrap(f"- {w}", "  ", width) for w in plan.warnings]
     if settings is not None:
         out.append("")
-        out.append(_wrap(f"Starvation bound: {settings.starvation_bound(_duration_up)}", ""))
+        out.append(_wrap(f"Starvation bound: {settings.starvation_bound(_duration_up)}", "",
+                         width))
     return "\n".join(out)
 
 
-def _wrap(text: str, indent: str = "  ") -> str:
-    return textwrap.fill(text, TABLE_WIDTH, initial_indent=indent, subsequent_indent=indent + "  ",
-                         break_long_words=True, break_on_hyphens=False)
+def _wrap(text: str, indent: str = "  ", width: int = TABLE_WIDTH) -> str:
+    return textwrap.fill(text, width, initial_indent=indent, subsequent_indent=indent + "  ",
+                         break_long_words=False, break_on_hyphens=False)
 
 
-def render(plan: Plan, output: str, settings: Settings | None = None) -> str:
+def render(plan: Plan, output: str, settings: Settings | None = None,
+           width: int | None = None) -> str:
     if output == "json":
         return json.dumps(plan_dict(plan), indent=2, sort_keys=False, allow_nan=False)
     if output == "yaml":
         return yaml.safe_dump(plan_dict(plan), sort_keys=False, default_flow_style=False)
-    return render_table(plan, settings)
+    return render_table(plan, settings, width)
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,14 +402,14 @@ def _compare(a: WorkloadDecision, b: WorkloadDecision) -> str:
     return f"equal priority {a.target_priority}: Kueue breaks the tie by creation time, then UID"
 
 
-def explain(plan: Plan, key: str, settings: Settings) -> str:
+def explain(plan: Plan, key: str, settings: Settings, width: int | None = None) -> str:
     """The breakdown for one workload and why it ranks where it does against its neighbours."""
     d = find_decision(plan, key)
     if d is None:
         return f"{key}: {NOT_DECIDED}"
     lines = [f"Workload {d.key} (uid {d.uid or '-'})"]
     lines.append(f"  ClusterQueue:   {d.cluster_queue or '(unknown LocalQueue)'}  "
-                 f"planned position {d.rank}")
+                 + ("admitted" if d.admitted else f"planned position {d.rank + 1}"))
     lines.append(f"  Team:           {d.team}")
     t = plan.pool_shares.get((d.breakdown.pool, d.team)) if d.breakdown else None
     t = t or plan.teams.get(d.team)
@@ -366,10 +441,13 @@ def explain(plan: Plan, key: str, settings: Settings) -> str:
         lines.append(f"  Fairness:       {b.fairness_term} = level {b.fairness_level} of "
                      f"{settings.fairness_levels} (pool {b.pool}; lower share -> more points)")
         capped = " (capped)" if b.wait_seconds >= settings.max_aging_time else ""
-        lines.append(f"  Aging:          {b.aging_term}: queued since "
-                     f"{b.queued_since.isoformat()} (waited {_duration(b.wait_seconds)}{capped}),"
-                     f" {settings.aging_coefficient:g}/s counted from reference "
-                     f"{b.reference.isoformat()} + {_duration(settings.rebase_period)}")
+        rebase = b.reference + timedelta(seconds=settings.rebase_period)
+        counted = (rebase - b.queued_since).total_seconds()
+        lines.append(f"  Aging:          {b.aging_term} = {settings.aging_coefficient:g}/s x "
+                     f"{_duration(counted, minutes=True)} from queued ({_when(b.queued_since)}, "
+                     f"waited {_duration(b.wait_seconds)}{capped}) to the next rebase "
+                     f"{_when(rebase)}: every pending workload counts to the same instant, so "
+                     "the order is by wait and the value does not move with the clock")
         if b.override is not None:
             lines.append(f"  Override:       {b.override} (wdrf.x-k8s.io/priority-override)")
         lines.append(f"  Priority:       {d.target_priority} (now {current_effective(d)}); "
@@ -386,7 +464,7 @@ def explain(plan: Plan, key: str, settings: Settings) -> str:
             lines.append(f"    change: {c}")
     same = [x for x in plan.decisions if x.cluster_queue == d.cluster_queue and not x.admitted]
     if d.admitted:
-        return "\n".join(lines)
+        return _wrap_lines(lines, width)
     idx = same.index(d)
     if idx > 0:
         ahead = same[idx - 1]
@@ -399,7 +477,18 @@ def explain(plan: Plan, key: str, settings: Settings) -> str:
     cq_warnings = [w for w in plan.warnings if d.cluster_queue and
                    w.startswith(f"ClusterQueue {d.cluster_queue}:")]
     lines += [f"  Warning: {w}" for w in cq_warnings]
-    return "\n".join(lines)
+    return _wrap_lines(lines, width)
+
+
+def _wrap_lines(lines: list[str], width: int | None) -> str:
+    """Each line wrapped at word boundaries to `width`, continuations indented past it."""
+    width = width or terminal_width()
+    out: list[str] = []
+    for line in lines:
+        lead = " " * (len(line) - len(line.lstrip()) + 4)
+        out += textwrap.wrap(line, width, subsequent_indent=lead, break_long_words=False,
+                             break_on_hyphens=False, drop_whitespace=True) or [""]
+    return "\n".join(out)
 
 
 def explain_dict(plan: Plan, key: str) -> Mapping[str, Any] | None:

@@ -177,3 +177,13 @@ def test_snapshot_from_stdin(runner: CliRunner) -> None:
     r = runner.invoke(main, ["--from-file", "-", "-o", "json"], input=text)
     assert r.exit_code == 0, r.output
     assert len([d for d in json.loads(r.output)["decisions"] if not d["admitted"]]) == 10
+
+
+def test_dry_run_table_says_the_guard_once_in_words(runner: CliRunner) -> None:
+    r = runner.invoke(main, ["--dry-run", "--from-file", EXAMPLE], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert r.output.count("only a higher class can preempt them") == 1
+    admitted = [line for line in r.output.splitlines() if line.startswith("- ")]
+    assert len(admitted) == 5 and all(line.split()[-1] == "guarded" for line in admitted)
+    assert "1459601" in r.output.split("ClusterQueue a100-batch")[1]  # the value, not a term
+    assert max(len(line) for line in r.output.splitlines()) > 120  # the terminal's width
