@@ -19,15 +19,18 @@ from typing import Any, ClassVar
 
 import click
 
+from controller import __version__
 from controller.config import SETTING_FIELDS, ConfigError, Settings, load_settings
+from controller.domain import ClusterSnapshot
 from controller.parse import SnapshotFileError, load_snapshot
 from controller.plan import Plan
 from controller.render import (
     NOT_DECIDED,
-    OUTPUTS,
     explain,
     explain_dict,
     find_decision,
+    machine,
+    output_option,
     render,
 )
 
@@ -76,21 +79,23 @@ def _flag(key: str) -> str:
     return "--" + key.lower().replace("_", "-")
 
 
+# The flags every command that talks to a cluster has (the config key's own flag stays too).
+FLAG_ALIASES = {"KUBECONFIG_PATH": "--kubeconfig", "KUBECONFIG_CONTEXT": "--context"}
+
+
 def _config_flags(f: Any) -> Any:
-    """One `--some-key VALUE` flag per config key (its env var is the key itself, read by the
-    config loader, so precedence stays file < env < flag)."""
+    """One `--some-key VALUE` flag per config key. Its environment variable is the key itself,
+    read by the config loader like the file, so a bad value is a config error like any other
+    and precedence stays file < environment < flag."""
     for key in reversed(list(SETTING_FIELDS)):
-        if key == "LOG_LEVEL":  # has its own flag with choices
-            continue
         doc = SETTING_FIELDS[key].metadata["doc"]
-        f = click.option(_flag(key), "cfg_" + key, default=None, metavar="VALUE",
+        names = [FLAG_ALIASES[key], _flag(key)] if key in FLAG_ALIASES else [_flag(key)]
+        f = click.option(*names, "cfg_" + key, default=None, metavar="VALUE",
                          help=f"{doc} [config {key}, env {key}]")(f)
     return f
 
 
-def _overrides(
-    log_level: str | None, sets: tuple[str, ...], flags: dict[str, Any] | None = None
-) -> dict[str, object]:
+def _overrides(sets: tuple[str, ...], flags: dict[str, Any] | None = None) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, value in (flags or {}).items():
         if name.startswith("cfg_") and value is not None:
@@ -100,19 +105,14 @@ def _overrides(
         if not sep:
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--set")
         out[key.strip()] = value
-    if log_level:
-        out["LOG_LEVEL"] = log_level
     return out
 
 
 def _settings(
-    config_path: str | None,
-    log_level: str | None,
-    sets: tuple[str, ...],
-    flags: dict[str, Any] | None = None,
+    config_path: str | None, sets: tuple[str, ...], flags: dict[str, Any] | None = None
 ) -> Settings:
     try:
-        return load_settings(config_path, overrides=_overrides(log_level, sets, flags))
+        return load_settings(config_path, overrides=_overrides(sets, flags))
     except ConfigError as exc:
         click.echo(exc.render(), err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -122,6 +122,12 @@ def offline_plan(paths: tuple[str, ...], settings: Settings, now: str | None) ->
     """Parse snapshot files and compute the plan; exits 2 when a file cannot be parsed.
     The clock is --now, else the snapshot's newest timestamp (a file is a frozen moment:
     judging it by today's clock would cap every wait), else the current time."""
+    return offline_plan_and_snapshot(paths, settings, now)[0]
+
+
+def offline_plan_and_snapshot(
+    paths: tuple[str, ...], settings: Settings, now: str | None
+) -> tuple[Plan, ClusterSnapshot]:
     from controller.policy import compute_plan
 
     try:
@@ -130,7 +136,7 @@ def offline_plan(paths: tuple[str, ...], settings: Settings, now: str | None) ->
         click.echo(f"error: cannot parse snapshot: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     clock = _parse_now(now) if now else (snapshot.observed or _parse_now(None))
-    return compute_plan(snapshot, settings, clock)
+    return compute_plan(snapshot, settings, clock), snapshot
 
 
 def _lazy(module: str, attr: str) -> Any:
@@ -155,7 +161,7 @@ class _Group(click.Group):
         if cmd_name in self.LAZY and cmd_name not in self.commands:
             module, attr = self.LAZY[cmd_name]
             try:
-                    cmd = _lazy(module, attr)
+                cmd = _lazy(module, attr)
             except (ImportError, AttributeError) as exc:
                 return _unavailable(cmd_name, module, exc)
             if isinstance(cmd, click.Command):
@@ -165,7 +171,9 @@ class _Group(click.Group):
 
 
 def _unavailable(name: str, module: str, exc: Exception) -> click.Command:
-    @click.command(name, context_settings={"ignore_unknown_options": True})
+    @click.command(name, context_settings={"ignore_unknown_options": True},
+                   help=f"Not available here: {module} cannot be imported ({exc}); install the "
+                   "package's dependencies (pip install .).")
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     def cmd(args: tuple[str, ...]) -> None:
         click.echo(f"error: `{name}` is not available ({module}: {exc})", err=True)
@@ -180,26 +188,19 @@ _FILE_HELP = ("Snapshot file, directory or - for stdin (YAML/JSON, e.g. kubectl 
 
 @click.group(cls=_Group, invoke_without_command=True,
              context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--dry-run", is_flag=True, envvar="WDRF_DRY_RUN", show_envvar=True,
-              help="Compute and print the plan, write nothing.")
-@click.option("--once", is_flag=True, envvar="WDRF_ONCE", show_envvar=True,
-              help="Live mode: run one cycle and exit.")
-@click.option("--from-file", "from_file", multiple=True, type=click.Path(),
-              envvar="WDRF_FROM_FILE", show_envvar=True, help=_FILE_HELP)
-@click.option("--output", "-o", type=click.Choice(OUTPUTS), default="table",
-              envvar="WDRF_OUTPUT", show_envvar=True, show_default=True)
-@click.option("--config", "config_path", type=click.Path(), envvar="WDRF_CONFIG",
-              show_envvar=True, help="Config file (default: ./config.yaml if present).")
-@click.option("--log-level", envvar="LOG_LEVEL", show_envvar=True,
-              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-                                case_sensitive=False))
-@click.option("--health-check", is_flag=True, envvar="WDRF_HEALTH_CHECK", show_envvar=True,
+@click.version_option(__version__, "--version", prog_name="wdrf-controller")
+@click.option("--dry-run", is_flag=True, help="Compute and print the plan, write nothing.")
+@click.option("--once", is_flag=True, help="Live mode: run one cycle and exit.")
+@click.option("--from-file", "from_file", multiple=True, type=click.Path(), help=_FILE_HELP)
+@output_option
+@click.option("--config", "config_path", type=click.Path(),
+              help="Config file (default: ./config.yaml if present).")
+@click.option("--health-check", is_flag=True,
               help="Check the live controller's health and exit (0 healthy).")
-@click.option("--now", envvar="WDRF_NOW", show_envvar=True,
-              help="Clock for the plan (RFC 3339). Default: with --from-file the newest "
+@click.option("--now", help="Clock for the plan (RFC 3339). Default: with --from-file the newest "
               "timestamp in the snapshot, else the current time.")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", envvar="WDRF_SET",
-              show_envvar=True, help="Override any config key, e.g. --set AGING_COEFFICIENT=2.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override any config key, e.g. --set AGING_COEFFICIENT=2.")
 @_config_flags
 @click.pass_context
 def main(
@@ -210,7 +211,6 @@ def main(
     from_file: tuple[str, ...],
     output: str,
     config_path: str | None,
-    log_level: str | None,
     health_check: bool,
     now: str | None,
     sets: tuple[str, ...],
@@ -220,13 +220,16 @@ def main(
 
     With --from-file: compute the plan offline and print it (never writes).
     Without: live mode against the cluster (--dry-run: compute, print, write nothing).
+
+    Environment variables set config keys under their own names (LOG_LEVEL, LOOP_INTERVAL,
+    KUBECONFIG_PATH, ...); everything else is a flag.
     """
     ctx.ensure_object(dict)
     ctx.obj.update(from_file=from_file, output=output, config_path=config_path,
-                   log_level=log_level, now=now, sets=sets, flags=flags)
+                   now=now, sets=sets, flags=flags)
     if ctx.invoked_subcommand is not None:
         return
-    settings = _settings(config_path, log_level, sets, flags)
+    settings = _settings(config_path, sets, flags)
     setup_logging(settings)
     if health_check:
         try:
@@ -253,41 +256,83 @@ def main(
 
 
 @main.command("explain")
-@click.argument("workload", metavar="NAMESPACE/WORKLOAD")
+@click.argument("workload", metavar="[NAMESPACE/]NAME")
+@click.option("-n", "--namespace", default=None,
+              help="Namespace (default: NAMESPACE/ in the argument, else the kubeconfig's).")
+@click.option("--kind", default=None,
+              help="Owner kind when NAME is ambiguous (job, jobset, ..., or workload).")
 @click.option("--from-file", "from_file", multiple=True, type=click.Path(), help=_FILE_HELP)
-@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+@output_option
 @click.pass_context
-def explain_cmd(ctx: click.Context, workload: str, from_file: tuple[str, ...], output: str) -> None:
-    """Why a pending workload gets its priority and ranks where it does."""
+def explain_cmd(ctx: click.Context, workload: str, namespace: str | None, kind: str | None,
+                from_file: tuple[str, ...], output: str) -> None:
+    """Why a workload gets its priority and ranks where it does. NAME is the Workload's or its
+    owner's (a Job, a JobSet, ...)."""
     opts: dict[str, Any] = ctx.obj or {}
-    if "/" not in workload:
-        raise click.BadParameter("expected NAMESPACE/WORKLOAD", param_hint="WORKLOAD")
-    settings = _settings(opts.get("config_path"), opts.get("log_level"), opts.get("sets", ()),
-                         opts.get("flags"))
+    settings = _settings(opts.get("config_path"), opts.get("sets", ()), opts.get("flags"))
     setup_logging(settings)
+    ns, sep, name = workload.partition("/")
+    if not sep:
+        ns, name = namespace or _default_namespace(settings), workload
+    if not ns or not name or "/" in name:
+        raise click.BadParameter(f"expected [NAMESPACE/]NAME, got {workload!r}",
+                                 param_hint="NAME")
     files = tuple(opts.get("from_file", ())) + from_file
     if files:
-        plan = offline_plan(files, settings, opts.get("now"))
+        plan, snapshot = offline_plan_and_snapshot(files, settings, opts.get("now"))
     else:
-        try:
-            live_plan = _lazy("controller.live.main", "live_plan")
-        except (ImportError, AttributeError) as exc:
-            click.echo(f"error: explain without --from-file needs live mode "
-                       f"(controller.live.main.live_plan: {exc})", err=True)
-            sys.exit(EXIT_FAILED)
-        try:
-            plan = live_plan(settings, _parse_now(opts.get("now")))
-        except Exception as exc:  # LiveError: one line, no traceback
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(EXIT_FAILED)
-        if not isinstance(plan, Plan):
-            click.echo("error: controller.live.main.live_plan returned no Plan", err=True)
-            sys.exit(EXIT_FAILED)
-    if find_decision(plan, workload) is None:
-        click.echo(f"{workload}: {NOT_DECIDED}", err=True)
+        plan, snapshot = _live_plan(settings, opts.get("now"))
+    keys = workload_keys(snapshot, ns, name, kind)
+    if len(keys) > 1:
+        click.echo(f"error: {ns}/{name} names {len(keys)} Workloads ({', '.join(keys)}): "
+                   "pass --kind, or NAMESPACE/WORKLOAD", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    key = keys[0] if keys else f"{ns}/{name}"
+    if find_decision(plan, key) is None:
+        click.echo(f"{key}: {NOT_DECIDED}", err=True)
         sys.exit(EXIT_FAILED)
-    if output == "json":
-        click.echo(json.dumps(explain_dict(plan, workload), indent=2, allow_nan=False))
+    if output in ("json", "yaml"):
+        click.echo(machine(explain_dict(plan, key), output))
         return
-    click.echo(explain(plan, workload, settings))
+    click.echo(explain(plan, key, settings))
+
+
+def workload_keys(snapshot: ClusterSnapshot, ns: str, name: str, kind: str | None) -> list[str]:
+    """The Workloads NAME means in namespace NS: the Workload of that name, else those whose
+    owner has that name (of `kind` when given)."""
+    wls = [w for w in snapshot.workloads if w.namespace == ns]
+    want = (kind or "").lower()
+    if want in ("", "workload"):
+        exact = [w.key for w in wls if w.name == name]
+        if exact or want == "workload":
+            return exact
+    return sorted(w.key for w in wls if w.owner is not None and w.owner.name == name
+                  and (not want or w.owner.kind.lower() == want))
+
+
+def _default_namespace(settings: Settings) -> str:
+    try:
+        from controller.why import default_namespace
+    except ImportError:
+        return "default"
+    return default_namespace(settings.kubeconfig_path or None,
+                             settings.kubeconfig_context or None)
+
+
+def _live_plan(settings: Settings, now: str | None) -> tuple[Plan, ClusterSnapshot]:
+    try:
+        live_plan = _lazy("controller.live.main", "live_plan_and_snapshot")
+    except (ImportError, AttributeError) as exc:
+        click.echo(f"error: explain without --from-file needs live mode "
+                   f"(controller.live.main: {exc})", err=True)
+        sys.exit(EXIT_FAILED)
+    try:
+        plan, snapshot = live_plan(settings, _parse_now(now))
+    except Exception as exc:  # LiveError: one line, no traceback
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_FAILED)
+    if not isinstance(plan, Plan) or not isinstance(snapshot, ClusterSnapshot):
+        click.echo("error: controller.live.main.live_plan_and_snapshot returned no plan",
+                   err=True)
+        sys.exit(EXIT_FAILED)
+    return plan, snapshot

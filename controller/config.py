@@ -394,6 +394,9 @@ class Settings:
     log_level: str = setting("LOG_LEVEL", "INFO", p_log_level, "DEBUG|INFO|WARNING|ERROR")
     log_format: str = setting("LOG_FORMAT", "text", _choice("text", "json"), "text|json")
     kubeconfig_path: str = setting("KUBECONFIG_PATH", "", p_str, "empty: in-cluster/default")
+    kubeconfig_context: str = setting(
+        "KUBECONFIG_CONTEXT", "", p_str, "kubeconfig context (empty: its current context)"
+    )
     # --- priority formula ---
     priority_weights: Mapping[str, int] = setting(
         "PRIORITY_WEIGHTS", _DEFAULT_PRIORITY_WEIGHTS, p_priority_weights, "class weights"

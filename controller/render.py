@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 
+import click
 import yaml
 
 from controller.config import Settings
@@ -24,6 +25,23 @@ from controller.plan import (
 )
 
 OUTPUTS = ("table", "json", "yaml")
+
+
+def output_option(f: Any) -> Any:
+    """`-o/--output table|json|yaml`, the same on every command (`text` still means table)."""
+    def normal(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+        return "table" if value == "text" else value
+
+    return click.option("--output", "-o", type=click.Choice([*OUTPUTS, "text"]),
+                        default="table", show_default=True, callback=normal,
+                        metavar="table|json|yaml", help="Output format.")(f)
+
+
+def machine(doc: object, output: str) -> str:
+    """A document as JSON or YAML (`output` is json or yaml)."""
+    if output == "json":
+        return json.dumps(doc, indent=2, sort_keys=False, allow_nan=False, default=str)
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
 
 
 def _duration(seconds: float, minutes: bool = False) -> str:

@@ -30,12 +30,14 @@ from typing import Any
 
 import click
 
-from controller import domain
+from controller import __version__, domain
+from controller.render import machine, output_option
 from controller.why import (
     TERMS_ANNOTATION,
     Api,
     WhyError,
     _api_failure,
+    _kube_opts,
     _transport,
     kueue_version,
     status_of,
@@ -247,11 +249,10 @@ def render(undos: Iterable[Undo], write: bool) -> str:
               help="Namespace of the controller's Lease.")
 @click.option("--lease", default="wdrf-controller", show_default=True,
               help="Name of the controller's Lease.")
-@click.option("--kubeconfig", envvar="KUBECONFIG_PATH", default=None,
-              help="Kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster).")
-@click.option("--context", default=None, help="Kubeconfig context.")
+@output_option
+@_kube_opts
 def reset_cmd(write: bool, namespace: str | None, force: bool, controller_namespace: str,
-              lease: str, kubeconfig: str | None, context: str | None) -> None:
+              lease: str, output: str, kubeconfig: str | None, context: str | None) -> None:
     """Remove every priority annotation the controller wrote on Workloads and restore
     spec.priority to the base (spec mode). Dry run unless --yes."""
     try:
@@ -265,12 +266,19 @@ def reset_cmd(write: bool, namespace: str | None, force: bool, controller_namesp
             click.echo(f"error: {_api_failure(exc)}", err=True)
             sys.exit(1)
         raise
-    click.echo(render(undos, write))
+    if output in ("json", "yaml"):
+        click.echo(machine([{"workload": u.key, "remove": u.remove,
+                             "priorityFrom": u.priority_from, "priorityTo": u.priority_to,
+                             "keptPriority": u.kept_priority, "result": u.result}
+                            for u in undos], output))
+    else:
+        click.echo(render(undos, write))
     if any(u.result.startswith("failed") for u in undos):
         sys.exit(1)
 
 
 @click.group("kubectl-wdrf", context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="kubectl-wdrf")
 def kubectl_plugin() -> None:
     """kubectl plugin (installed as the `kubectl-wdrf` command): `kubectl wdrf why NAME`,
     `kubectl wdrf reset`."""

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import click
 
 from controller import domain
+from controller.render import machine, output_option
 
 TERMS_ANNOTATION: str = str(getattr(domain, "PRIORITY_TERMS_ANNOTATION",
                                     domain.ANNOTATION_PREFIX + "priority-terms"))
@@ -598,9 +599,12 @@ def _api_failure(exc: Exception) -> str:
 
 
 _KUBE_OPTS = [
-    click.option("--kubeconfig", envvar="KUBECONFIG_PATH", default=None,
+    click.option("--kubeconfig", "--kubeconfig-path", "kubeconfig", envvar="KUBECONFIG_PATH",
+                 default=None, show_envvar=True,
                  help="Kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)."),
-    click.option("--context", default=None, help="Kubeconfig context."),
+    click.option("--context", "--kubeconfig-context", "context", envvar="KUBECONFIG_CONTEXT",
+                 default=None, show_envvar=True,
+                 help="Kubeconfig context (default: its current context)."),
 ]
 
 
@@ -616,8 +620,7 @@ def _kube_opts(f: Any) -> Any:
               help="Namespace (default: NAMESPACE/ in the argument, else the kubeconfig's).")
 @click.option("--kind", default=None,
               help="Owner kind when NAME is ambiguous (job, jobset, rayjob, ..., or workload).")
-@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text",
-              show_default=True)
+@output_option
 @_kube_opts
 def why_cmd(target: str, namespace: str | None, kind: str | None, output: str,
             kubeconfig: str | None, context: str | None) -> None:
@@ -637,8 +640,8 @@ def why_cmd(target: str, namespace: str | None, kind: str | None, output: str,
         if hasattr(exc, "status"):
             _fail(_api_failure(exc))
         raise
-    if output == "json":
-        click.echo(json.dumps(report.as_dict(), indent=2, default=str))
+    if output in ("json", "yaml"):
+        click.echo(machine(json.loads(json.dumps(report.as_dict(), default=str)), output))
     else:
         click.echo(render_text(report))
 

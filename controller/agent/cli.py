@@ -52,10 +52,10 @@ def _fail(code: int, message: str) -> None:
     sys.exit(code)
 
 
-def _client(kubeconfig: str | None) -> NodeClient:
+def _client(kubeconfig: str | None, context: str | None = None) -> NodeClient:
     from controller.agent.kube import KubeNodeClient, load_api_client  # kubernetes is heavy
 
-    return KubeNodeClient(load_api_client(kubeconfig))
+    return KubeNodeClient(load_api_client(kubeconfig, context))
 
 
 def _serve_metrics(port: int, address: str, agent_registry: object) -> None:
@@ -117,10 +117,19 @@ def _serve_metrics(port: int, address: str, agent_registry: object) -> None:
 )
 @click.option(
     "--kubeconfig",
+    "--kubeconfig-path",
+    "kubeconfig",
     envvar="KUBECONFIG_PATH",
     default=None,
     show_envvar=True,
     help="Kubeconfig file; default: the in-cluster ServiceAccount.",
+)
+@click.option(
+    "--context",
+    envvar="KUBECONFIG_CONTEXT",
+    default=None,
+    show_envvar=True,
+    help="Kubeconfig context (default: its current context).",
 )
 @click.option(
     "--max-temperature",
@@ -166,6 +175,7 @@ def agent(
     metrics_address: str,
     allow_no_gpu: bool,
     kubeconfig: str | None,
+    context: str | None,
     max_temperature: int,
     temperature_hysteresis: int,
     no_publish: bool,
@@ -195,7 +205,7 @@ def agent(
             _fail(EXIT_NO_DRIVER, f"{e} (use --allow-no-gpu to serve metrics with zero GPUs)")
             return
     try:
-        client = _client(kubeconfig) if publish else None
+        client = _client(kubeconfig, context) if publish else None
         runner = Agent(config, reader, collector, client)
         runner.start()
     except KubeError as e:

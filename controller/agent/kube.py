@@ -27,12 +27,13 @@ def _why(e: Exception) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """From a kubeconfig file when given, else the in-cluster ServiceAccount."""
+def load_api_client(kubeconfig: str | None = None,
+                    context: str | None = None) -> client.ApiClient:
+    """From a kubeconfig file (and context) when given, else the in-cluster ServiceAccount."""
     try:
         if kubeconfig:
             api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig
+                config_file=kubeconfig, context=context
             )
             return api
         cfg = client.Configuration()

@@ -187,7 +187,8 @@ def run_health_check(
         try:
             from controller.live.kube import KubeTransport
 
-            transport = KubeTransport.from_config(settings.kubeconfig_path or None)
+            transport = KubeTransport.from_config(settings.kubeconfig_path or None,
+                                                  settings.kubeconfig_context or None)
         except Exception as e:
             echo(f"[FAIL] Kubernetes client configuration: {e}\nUNHEALTHY")
             return 1

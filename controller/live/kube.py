@@ -46,9 +46,9 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
             )
         except k8s_config.ConfigException as e:
             raise RuntimeError(
-                f"no kubeconfig at {path} and not running in a cluster ({e}); set"
-                " KUBECONFIG_PATH / --kubeconfig-path, or run offline with --from-file"
-                " examples/cluster-snapshot.yaml"
+                f"no kubeconfig at {path} and not running in a cluster ({e}); pass"
+                " --kubeconfig PATH (or set KUBECONFIG or KUBECONFIG_PATH), or plan offline:"
+                " python -m controller --from-file examples/cluster-snapshot.yaml"
             ) from e
     configuration.connection_pool_maxsize = POOL_SIZE
     return k8s_client.ApiClient(configuration)

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import TypeVar
 
 from controller.config import Settings
+from controller.domain import ClusterSnapshot
 from controller.live.api import ReadOnlyTransport, Transport
 from controller.live.apply import FAILED
 from controller.live.leader import LeaderElector, default_identity
@@ -47,6 +48,7 @@ def make_transport(settings: Settings, identity: str = "") -> Transport:
 
     try:
         return KubeTransport.from_config(settings.kubeconfig_path or None,
+                                         settings.kubeconfig_context or None,
                                          user_agent=user_agent(identity) if identity else
                                          "wdrf-controller")
     except Exception as e:
@@ -172,17 +174,23 @@ def _dry_run_loop(controller: LiveController, output: str) -> None:
 def live_plan(settings: Settings, now: datetime) -> Plan:
     """For `explain` without --from-file: one LIST per resource, one plan, no writes.
     Raises `LiveError` (one line) when the cluster cannot be read within ONCE_TIMEOUT."""
+    return live_plan_and_snapshot(settings, now)[0]
+
+
+def live_plan_and_snapshot(settings: Settings, now: datetime) -> tuple[Plan, ClusterSnapshot]:
+    """`live_plan` with the snapshot it was computed from (explain finds a Job's Workload in
+    it)."""
     controller = LiveController(settings, ReadOnlyTransport(make_transport(settings)),
                                 dry_run=True)
     limit = settings.once_timeout
     deadline = time.monotonic() + limit
 
-    def work() -> Plan:
+    def work() -> tuple[Plan, ClusterSnapshot]:
         controller.discover(deadline=deadline)
         controller.build_informers()
         controller.sync_once()
-        plan, _ = controller.plan(now)
-        return plan
+        plan, built = controller.plan(now)
+        return plan, built.snapshot
 
     return bounded("reading the cluster", limit, controller.stop_event, work)
 

@@ -54,9 +54,24 @@ def test_now_flag_changes_aging(runner: CliRunner) -> None:
         d["targetPriority"] for d in a["decisions"])
 
 
-def test_env_vars_for_flags(runner: CliRunner) -> None:
-    r = runner.invoke(main, [], env={"WDRF_FROM_FILE": EXAMPLE, "WDRF_OUTPUT": "json"})
-    assert r.exit_code == 0 and json.loads(r.output)["decisions"]
+def test_environment_sets_config_keys_under_their_own_names_only(runner: CliRunner) -> None:
+    r = runner.invoke(main, ["--from-file", EXAMPLE, "-o", "json"],
+                      env={"AGING_COEFFICIENT": "2", "WDRF_OUTPUT": "yaml"})
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)  # WDRF_OUTPUT is no setting: json stays json
+    base = json.loads(runner.invoke(main, ["--from-file", EXAMPLE, "-o", "json"]).output)
+    assert doc["decisions"][0]["breakdown"]["agingTerm"] == 2 * base["decisions"][0][
+        "breakdown"]["agingTerm"]
+
+
+@pytest.mark.parametrize("args", [[], ["explain", "team-nlp/llama-pretrain"]])
+def test_a_bad_log_level_in_the_environment_is_a_config_error(
+    runner: CliRunner, args: list[str]
+) -> None:
+    r = runner.invoke(main, ["--from-file", EXAMPLE, *args], env={"LOG_LEVEL": "trace"})
+    assert r.exit_code == 2
+    assert "1 configuration error(s):" in r.output
+    assert "LOG_LEVEL=trace: expected one of DEBUG" in r.output and "(from environment)" in r.output
 
 
 def test_explain(runner: CliRunner) -> None:
@@ -76,8 +91,42 @@ def test_explain_bad_input_and_unknown(runner: CliRunner) -> None:
     assert r.exit_code == 0 and "LEFT UNCHANGED" in r.output and "'yes'" in r.output
     r = runner.invoke(main, ["explain", "nope/nothing", "--from-file", EXAMPLE])
     assert r.exit_code == 1
-    r = runner.invoke(main, ["explain", "no-slash", "--from-file", EXAMPLE])
+    r = runner.invoke(main, ["explain", "a/b/c", "--from-file", EXAMPLE])
     assert r.exit_code == 2
+
+
+@pytest.mark.parametrize("name", ["team-nlp/llama-pretrain", "team-nlp/job-llama-pretrain-77aa1",
+                                  "llama-pretrain --namespace team-nlp",
+                                  "team-nlp/llama-pretrain --kind job"])
+def test_explain_takes_a_jobs_name_or_the_workloads(runner: CliRunner, name: str) -> None:
+    r = runner.invoke(main, ["--from-file", EXAMPLE, "explain", *name.split(), "-o", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["workload"] == "team-nlp/job-llama-pretrain-77aa1"
+    r = runner.invoke(main, ["--from-file", EXAMPLE, "explain", "team-nlp/llama-pretrain",
+                             "--kind", "jobset"])
+    assert r.exit_code == 1  # no JobSet of that name
+
+
+def test_version_and_the_same_output_formats_everywhere(runner: CliRunner) -> None:
+    from controller import __version__
+    from controller.reset import kubectl_plugin
+
+    r = runner.invoke(main, ["--version"])
+    assert r.exit_code == 0 and __version__ in r.output
+    assert __version__ in runner.invoke(kubectl_plugin, ["--version"]).output
+    for args in ([], ["explain"], ["why"], ["reset"]):
+        text = runner.invoke(main, [*args, "--help"]).output
+        assert "-o, --output table|json|yaml" in text, args
+    r = runner.invoke(main, ["--from-file", EXAMPLE, "explain", "team-nlp/llama-pretrain",
+                             "-o", "yaml"])
+    assert r.exit_code == 0 and yaml.safe_load(r.output)["position"] == 1
+
+
+@pytest.mark.parametrize("args", [[], ["why"], ["reset"], ["agent"]])
+def test_kubeconfig_and_context_on_every_command(runner: CliRunner, args: list[str]) -> None:
+    text = runner.invoke(main, [*args, "--help"]).output
+    assert "--kubeconfig" in text and "--context" in text, args
+    assert "--kubeconfig-path" in text, args  # the old flag stays, as an alias
 
 
 def test_unparseable_file_exits_2_and_says_where(runner: CliRunner, tmp_path: Path) -> None:
@@ -187,3 +236,29 @@ def test_dry_run_table_says_the_guard_once_in_words(runner: CliRunner) -> None:
     assert len(admitted) == 5 and all(line.split()[-1] == "guarded" for line in admitted)
     assert "1459601" in r.output.split("ClusterQueue a100-batch")[1]  # the value, not a term
     assert max(len(line) for line in r.output.splitlines()) > 120  # the terminal's width
+
+
+@pytest.mark.parametrize(("cmd", "prog", "var"), [
+    ("main", "wdrf-controller", "_WDRF_CONTROLLER_COMPLETE"),
+    ("kubectl_plugin", "kubectl-wdrf", "_KUBECTL_WDRF_COMPLETE"),
+])
+def test_shell_completion_as_the_readme_says(cmd: str, prog: str, var: str) -> None:
+    import tomllib
+
+    from controller import reset
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert prog in scripts
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert f'eval "$({var}=bash_source {prog})"' in readme
+    command = main if cmd == "main" else reset.kubectl_plugin
+    r = CliRunner().invoke(command, [], prog_name=prog, env={var: "bash_source"})
+    assert r.exit_code == 0 and "complete -o nosort -F" in r.output, r.output
+
+
+def test_unavailable_subcommand_says_why_in_its_help() -> None:
+    from controller.cli import _unavailable
+
+    cmd = _unavailable("agent", "controller.agent.cli", ImportError("No module named 'pynvml'"))
+    r = CliRunner().invoke(cmd, ["--help"])
+    assert "cannot be imported" in r.output and "pynvml" in r.output
