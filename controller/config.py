@@ -498,7 +498,10 @@ class Settings:
     renew_deadline: float = setting("RENEW_DEADLINE", 10.0, p_duration, "leader stops writing")
     retry_period: float = setting("RETRY_PERIOD", 2.0, p_duration, "Lease acquire/renew period")
     event_rate_limit: float = setting(
-        "EVENT_RATE_LIMIT", 300.0, p_duration, "same Event at most once per this"
+        "EVENT_RATE_LIMIT", 3600.0, p_duration, "one Event of a reason per object per this"
+    )
+    event_qps: float = setting(
+        "EVENT_QPS", 10.0, p_nonneg_float, "Events per second at most, all objects (0 = no limit)"
     )
     api_retries: int = setting("API_RETRIES", 5, p_pos_int, "attempts per write and cycle")
     history_config_map: str = setting(

@@ -174,13 +174,33 @@ def parse_terms(text: str | None) -> dict[str, str]:
     return out
 
 
+# What people act on, with the value a Workload has when nothing was asked for it: a class,
+# an override, a reclaim (the guard's state and the team it is lowered for). The rest of the
+# terms is the encoding (fairness level, aging, the pool's reference), recorded by the
+# annotation alone. An admitted Workload's plain guard is not news either: Kueue says it was
+# admitted.
+_NOTABLE_DEFAULTS = {"class": "normal", "override": "-", "state": "", "for": ""}
+_PLAIN_STATES = frozenset({"", "admitted"})
+
+
 def change_is_eventful(old_terms: str | None, new_terms: str) -> bool:
-    """Whether writing `new_terms` over `old_terms` deserves an Event: not when only the aging
-    reference moved (a rebase) - the relative order did not change."""
+    """Whether writing `new_terms` over `old_terms` deserves an Event: a class, override or
+    reclaim change (a first write counts from a normal Workload with no override), not an
+    encoding change (fairness level, aging, a rebase)."""
+    return _notable(parse_terms(old_terms)) != _notable(parse_terms(new_terms))
+
+
+def _notable(terms: Mapping[str, str]) -> dict[str, str]:
+    out = {k: terms.get(k, default) or default for k, default in _NOTABLE_DEFAULTS.items()}
+    if out["state"] in _PLAIN_STATES:
+        out["state"] = ""
+    return out
+
+
+def _clock_only(old_terms: str | None, new_terms: str) -> bool:
+    """Only what a rebase or the clock moves changed: the relative order did not."""
     old, new = parse_terms(old_terms), parse_terms(new_terms)
-    if not old:
-        return True
-    return _meaningful(old) != _meaningful(new)
+    return bool(old) and _meaningful(old) == _meaningful(new)
 
 
 def _meaningful(terms: Mapping[str, str]) -> dict[str, str]:
@@ -201,6 +221,6 @@ def write_order(decision: WorkloadDecision, old_terms: str | None) -> int:
     new = parse_terms(decision.terms)
     if old and (old.get("class") != new.get("class") or old.get("override") != new.get("override")):
         return 1
-    if old_terms is not None and not change_is_eventful(old_terms, decision.terms):
+    if old_terms is not None and _clock_only(old_terms, decision.terms):
         return 3
     return 2

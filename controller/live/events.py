@@ -1,8 +1,9 @@
 """Kubernetes Events (core/v1) so `kubectl describe` answers "why this priority".
 
-Rate-limited with a TTL cache: the same (object, reason, key) gives at most one Event per
-`ttl` seconds, so a bad annotation that is seen every cycle is reported once per interval.
-Event failures are logged and counted, never raised: an Event is never worth a failed cycle.
+Which writes give an Event is decided elsewhere (`outcomes`: a class, override or reclaim
+change, a refused value, a failed write; never an encoding change alone). Here: the limits,
+and Event failures are logged and counted, never raised: an Event is never worth a failed
+cycle.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from datetime import UTC, datetime
 from cachetools import TTLCache
 
 from controller.domain import ObjectRef
-from controller.live.api import EVENTS, ApiError, Transport, WriteRefused
+from controller.live.api import EVENTS, ApiError, TokenBucket, Transport, WriteRefused
 from controller.live.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -54,57 +55,68 @@ def event_body(
 
 
 class EventRecorder:
+    """Sends Events under two limits, as client-go's event correlator does for Kubernetes'
+    own components: a per-object one (at most one Event of a reason on an object per
+    `per_object` seconds, whatever its message) and an overall one (`qps` Events per second,
+    `burst` at once). An Event over either limit is dropped and counted, never queued: the
+    priority-terms annotation stays the per-Workload record, and findings seen every cycle
+    come back."""
+
     def __init__(
         self,
         transport: Transport,
         metrics: Metrics,
-        ttl: float,
+        per_object: float,
+        qps: float = 10.0,
+        burst: int = 10,
         instance: str = COMPONENT,
-        maxsize: int = 50_000,
+        maxsize: int = 200_000,
         clock: Callable[[], float] = time.monotonic,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._transport = transport
         self._metrics = metrics
-        self._seen: TTLCache[tuple[str, str, str], bool] = TTLCache(
-            maxsize=maxsize, ttl=max(ttl, 0.001), timer=clock
-        )
+        # An object leaves the cache when its interval is over: memory follows the objects
+        # that had an Event in the last interval, not every object ever seen.
+        self._sent: TTLCache[tuple[str, str], bool] | None = TTLCache(
+            maxsize=maxsize, ttl=per_object, timer=clock) if per_object > 0 else None
+        self._overall = TokenBucket(qps, burst, clock=clock)
         self._lock = threading.Lock()
         self._instance = instance
         self._now = now
 
-    def emit(
-        self,
-        ref: ObjectRef,
-        reason: str,
-        message: str,
-        type_: str = "Normal",
-        dedupe: str | None = None,
-    ) -> bool:
-        """Create the Event unless an equal one was sent within the TTL. True if sent.
-
-        `dedupe` replaces the message in the rate-limit key (e.g. one "PriorityChanged" per
-        interval whatever the values)."""
-        key = (ref.uid or f"{ref.kind}/{ref.namespace}/{ref.name}", reason,
-               message if dedupe is None else dedupe)
+    def emit(self, ref: ObjectRef, reason: str, message: str, type_: str = "Normal") -> bool:
+        """Create the Event unless a limit says no. True if sent."""
+        key = (ref.uid or f"{ref.kind}/{ref.namespace}/{ref.name}", reason)
         with self._lock:
-            if key in self._seen:
+            if self._sent is not None and key in self._sent:
                 self._metrics.events.labels(reason, "suppressed").inc()
                 return False
+            if not self._overall.try_take():
+                self._metrics.events.labels(reason, "throttled").inc()
+                return False
+            if self._sent is not None:  # claimed before sending: concurrent emits race here
+                self._sent[key] = True
         body = event_body(ref, type_, reason, message, self._now(), self._instance)
         try:
             self._transport.request(
                 "POST", EVENTS.collection(ref.namespace or "default"), body=body
             )
         except WriteRefused:
+            self._forget(key)
             self._metrics.events.labels(reason, "refused").inc()
             return False
         except ApiError as e:
+            self._forget(key)
             self._metrics.events.labels(reason, "failed").inc()
             self._metrics.api_errors.labels(e.code_label).inc()
             log.warning("could not record Event %s on %s: %s", reason, ref, e)
             return False
-        with self._lock:
-            self._seen[key] = True
         self._metrics.events.labels(reason, "sent").inc()
         return True
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        """An Event that was not created does not use the object's allowance."""
+        with self._lock:
+            if self._sent is not None:
+                self._sent.pop(key, None)

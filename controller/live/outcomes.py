@@ -1,9 +1,10 @@
 """Which Kubernetes Events the controller's writes and findings give (mapping only; the
 `EventRecorder` sends and rate-limits them).
 
-* A priority write that succeeded: `PriorityChanged` on the Workload and its owner Job —
-  unless only the aging reference changed (`controller.plan.change_is_eventful`): a rebase of
-  the encoding is not news to anyone.
+* A priority write that succeeded: `PriorityChanged` on the Workload and its owner Job when
+  what people act on changed (`controller.plan.change_is_eventful`: the class, an override, a
+  reclaim); an encoding change alone (fairness level, aging, a rebase, a guard) is not news,
+  and on a big cluster it would be one Event per Workload.
 * A HAMi write that succeeded: `HamiSettingsApplied`; a GPU fraction the apiserver refused:
   `GpuFractionNotApplied`; a write that failed for another reason than an outage: `PatchFailed`.
 * Notices from the diff and invalid input from the plan: their own reasons.
@@ -55,11 +56,11 @@ def outcome_events(events: EventRecorder, outcome: Outcome, workload: Workload |
             return
         text = f"{c.summary}: {why(d)} (rank {d.rank} in ClusterQueue {d.cluster_queue})"
         for ref in targets:
-            events.emit(ref, "PriorityChanged", text, dedupe="priority")
+            events.emit(ref, "PriorityChanged", text)
     elif outcome.result == APPLIED:
         text = f"HAMi settings applied to {c.ref}: {c.summary}"
         for ref in {c.ref, *targets}:
-            events.emit(ref, "HamiSettingsApplied", text, dedupe=c.what)
+            events.emit(ref, "HamiSettingsApplied", text)
     elif outcome.result == UNSUPPORTED and c.what == GPU_FRACTION and d.hami is not None:
         note = fraction_refused_notice(c.ref, d.hami)
         for ref in {c.ref, *targets}:
@@ -69,7 +70,7 @@ def outcome_events(events: EventRecorder, outcome: Outcome, workload: Workload |
         and outcome.error.status != 0
     ):
         events.emit(c.ref, "PatchFailed", f"could not apply {c.summary}: {outcome.error}",
-                    "Warning", dedupe=c.what)
+                    "Warning")
 
 
 def finding_events(events: EventRecorder, plan: Plan, diff: Diff) -> None:

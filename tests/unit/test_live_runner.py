@@ -208,12 +208,55 @@ def test_priority_change_event_on_workload_and_owner_job() -> None:
                      "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
         "spec": {"suspend": True, "template": {"spec": {"containers": [
             {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
-    workload(api, "team-a", "job-train-abcde", owner="train")
+    workload(api, "team-a", "job-train-abcde", owner="train",
+             annotations={URGENT_ANNOTATION: "true"})
     c = controller(api, settings())
     c.run_cycle(NOW)
     events = api.request("GET", EVENTS.collection("team-a"))["items"]
     kinds = sorted(e["involvedObject"]["kind"] for e in events if e["reason"] == "PriorityChanged")
     assert kinds == ["Job", "Workload"]
+
+
+def test_first_start_gives_events_only_for_what_people_asked_for() -> None:
+    """Every pending Workload gets its first priority; only the urgent one is news (the class
+    its owner asked for). The normal ones' encoding is in the priority-terms annotation."""
+    api = FakeApi()
+    cluster(api)
+    for i in range(5):
+        workload(api, "team-a", f"n{i}")
+    workload(api, "team-a", "hot", annotations={URGENT_ANNOTATION: "true"})
+    c = controller(api, settings(EVENT_RATE_LIMIT="0"))  # no per-object limit hides one
+    report = c.run_cycle(NOW)
+    assert report.applied is not None and report.applied.counts() == {"applied": 6}
+    events = api.request("GET", EVENTS.collection("team-a"))["items"]
+    assert [(e["reason"], e["involvedObject"]["name"]) for e in events] == [
+        ("PriorityChanged", "hot")]
+
+
+def test_class_change_gives_one_event_per_object_per_interval() -> None:
+    """A class change is news, but two within EVENT_RATE_LIMIT give one Event."""
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "w")
+    c = controller(api, settings(EVENT_RATE_LIMIT="1h"))
+    c.run_cycle(NOW)
+    assert api.request("GET", EVENTS.collection("team-a"))["items"] == []
+    wl = stored(api, "team-a", "w")
+    wl["metadata"]["annotations"][URGENT_ANNOTATION] = "true"
+    api.put_object(WORKLOADS.item("w", "team-a"), wl)
+    resync(c)
+    c.run_cycle(NOW)
+    events = api.request("GET", EVENTS.collection("team-a"))["items"]
+    assert [e["reason"] for e in events] == ["PriorityChanged"]
+    assert "urgent" in events[0]["message"]
+    wl = stored(api, "team-a", "w")
+    del wl["metadata"]["annotations"][URGENT_ANNOTATION]
+    api.put_object(WORKLOADS.item("w", "team-a"), wl)
+    resync(c)
+    report = c.run_cycle(NOW)
+    assert report.applied is not None and report.applied.counts() == {"applied": 1}
+    assert len(api.request("GET", EVENTS.collection("team-a"))["items"]) == 1
+    assert c.metrics.events.labels("PriorityChanged", "suppressed")._value.get() == 1
 
 
 def test_hami_annotations_go_on_the_suspended_owner_job() -> None:
@@ -492,8 +535,8 @@ def test_no_priority_event_when_only_the_aging_reference_moved() -> None:
 
     api = FakeApi()
     cluster(api)
-    workload(api, "team-a", "a1")
-    workload(api, "team-a", "a2")
+    workload(api, "team-a", "a1", annotations={URGENT_ANNOTATION: "true"})
+    workload(api, "team-a", "a2", annotations={URGENT_ANNOTATION: "true"})
     c = controller(api, settings(EVENT_RATE_LIMIT="0"))  # no rate limit hides an Event
     first = c.run_cycle(NOW)
     assert first.applied is not None and first.applied.counts() == {"applied": 2}
