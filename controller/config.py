@@ -508,7 +508,7 @@ class Settings:
         "HISTORY_CONFIG_MAP", "wdrf-usage-history", p_str, "ConfigMap for decayed usage"
     )
     write_budget: int = setting(
-        "WRITE_BUDGET", 1000, p_pos_int, "priority patches per cycle at most (urgent first)"
+        "WRITE_BUDGET", 1000, p_pos_int, "priority patches per cycle at most (head first)"
     )
     client_qps: float = setting("CLIENT_QPS", 50.0, p_pos_float, "apiserver requests/s")
     client_burst: int = setting("CLIENT_BURST", 100, p_pos_int, "request burst above CLIENT_QPS")

@@ -5,15 +5,17 @@ Consumed by the dry-run renderer, `explain`, the live applier and the trace simu
 
 Each decision carries `terms`, the value of the `wdrf.x-k8s.io/priority-terms` annotation the
 live controller writes in the same patch as the priority: `key=value` words saying why the
-Workload has its priority. `change_is_eventful` and `write_order` read two of them.
+Workload has its priority. `change_is_eventful` reads some of them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
+from typing import TypeVar
 
 from controller.domain import InputProblem, PriorityClass, PriorityMode, Resources
 from controller.usage import UsageHistory
@@ -26,8 +28,11 @@ __all__ = [
     "TeamShare",
     "WorkloadDecision",
     "change_is_eventful",
+    "current_positions",
+    "head_first",
     "parse_terms",
-    "write_order",
+    "pool_of",
+    "positions_right",
 ]
 
 
@@ -155,7 +160,6 @@ class Plan:
 # The priority-terms annotation
 
 TERMS_VERSION = "v2"
-_EVENTLESS_KEYS = frozenset({"ref", "priority", "wait"})  # moved by a rebase or the clock only
 
 
 def parse_terms(text: str | None) -> dict[str, str]:
@@ -197,30 +201,89 @@ def _notable(terms: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _clock_only(old_terms: str | None, new_terms: str) -> bool:
-    """Only what a rebase or the clock moves changed: the relative order did not."""
-    old, new = parse_terms(old_terms), parse_terms(new_terms)
-    return bool(old) and _meaningful(old) == _meaningful(new)
+# ---------------------------------------------------------------------------------------------
+# Head-first writes and convergence
+
+HEAD_POSITIONS = 10  # a ClusterQueue's head: the positions Kueue will admit from soon
 
 
-def _meaningful(terms: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in terms.items() if k not in _EVENTLESS_KEYS}
+def kueue_value(d: WorkloadDecision) -> int:
+    """The effective priority Kueue orders by now (before this cycle's writes)."""
+    return (d.current_priority or 0) + (d.current_boost or 0)
 
 
-def write_order(decision: WorkloadDecision, old_terms: str | None) -> int:
-    """When the per-cycle write budget is short, apply lower numbers first: 0 = an admitted
-    guard (preemption safety: it must land before any pending raise of the same plan that
-    reaches the guarded Workload); 1 = urgent work, a class or override change; 2 = other
-    meaningful changes (fairness level, requeue, new Workload); 3 = a rebase only."""
-    b = decision.breakdown
-    if decision.admitted:
-        return 0
-    if b is not None and b.priority_class is PriorityClass.URGENT:
-        return 1
-    old = parse_terms(old_terms)
-    new = parse_terms(decision.terms)
-    if old and (old.get("class") != new.get("class") or old.get("override") != new.get("override")):
-        return 1
-    if old_terms is not None and _clock_only(old_terms, decision.terms):
-        return 3
-    return 2
+def current_positions(pending: Iterable[WorkloadDecision]) -> dict[str, int]:
+    """Each pending Workload's position in Kueue's current order of its ClusterQueue: the
+    highest effective priority first, then the longest queued (creation or last eviction),
+    then the UID (the plan's own tie-break, `policy.order`)."""
+    by_queue: dict[str | None, list[WorkloadDecision]] = {}
+    for d in pending:
+        by_queue.setdefault(d.cluster_queue, []).append(d)
+    out: dict[str, int] = {}
+    for queue in by_queue.values():
+        queue.sort(key=_kueue_order)
+        out.update((d.key, i) for i, d in enumerate(queue))
+    return out
+
+
+def _kueue_order(d: WorkloadDecision) -> tuple[int, float, str]:
+    b = d.breakdown
+    return -kueue_value(d), b.queued_since.timestamp() if b is not None else math.inf, d.uid
+
+
+def positions_right(pending: Sequence[WorkloadDecision], current: Mapping[str, int]) -> int:
+    """How many leading positions of one ClusterQueue's current order are the plan's:
+    `pending` are its pending decisions, `current` their `current_positions`."""
+    planned = sorted(pending, key=lambda d: d.rank)
+    right = 0
+    for i, d in enumerate(planned):
+        if current.get(d.key) != i:
+            break
+        right = i + 1
+    return right
+
+
+def pool_of(d: WorkloadDecision) -> str:
+    """The pool (cohort or lone ClusterQueue) a decision's priority competes in."""
+    return d.breakdown.pool if d.breakdown is not None else f"cq/{d.cluster_queue or '-'}"
+
+
+T = TypeVar("T")
+
+
+def head_first(
+    writes: Sequence[T], decision: Callable[[T], WorkloadDecision],
+    decisions: Sequence[WorkloadDecision],
+) -> list[T]:
+    """Priority writes of one plan in the order Kueue will use them, for when the budget is
+    short: each pending write at its slot, the nearer to the head of its ClusterQueue of its
+    planned position and its position in Kueue's current order (a demotion of what Kueue
+    would admit next matters as much as the raise of what it should); slot by slot across
+    ClusterQueues (slot 0 of every queue, then slot 1, ...). An admitted Workload's guard
+    goes just before the first pending write of its pool, or first when the pool has none
+    (values already written may outrank it): a guard must land before the raises it protects
+    from (the applier sends the guards of a budget before the rest). `decisions` is the whole
+    plan (Kueue's current order is over every pending Workload, written or not)."""
+    queues = {decision(w).cluster_queue for w in writes if not decision(w).admitted}
+    current = current_positions(d for d in decisions if not d.admitted
+                                and d.cluster_queue in queues)
+    slots: list[int] = []
+    first_in_pool: dict[str, int] = {}
+    for w in writes:
+        d = decision(w)
+        if d.admitted:
+            slots.append(-1)
+            continue
+        slot = min(d.rank, current.get(d.key, d.rank))
+        slots.append(slot)
+        pool = pool_of(d)
+        first_in_pool[pool] = min(first_in_pool.get(pool, slot), slot)
+    keyed = []
+    for i, w in enumerate(writes):
+        d = decision(w)
+        if d.admitted:
+            keyed.append(((first_in_pool.get(pool_of(d), -1), 0, d.cluster_queue or "", i), w))
+        else:
+            keyed.append(((slots[i], 1, d.cluster_queue or "", i), w))
+    keyed.sort(key=lambda kw: kw[0])
+    return [w for _, w in keyed]

@@ -92,6 +92,24 @@ class Metrics:
             ["cluster_queue"],
             registry=r,
         )
+        self.positions_right = Gauge(
+            "wdrf_cluster_queue_positions_right",
+            "Leading positions of Kueue's current order of a ClusterQueue's pending Workloads "
+            "that are the plan's (as observed before the cycle's writes).",
+            ["cluster_queue"],
+            registry=r,
+        )
+        self.order_converged = Gauge(
+            "wdrf_cluster_queue_order_converged",
+            "1 when all of a ClusterQueue's pending Workloads are in the plan's order.",
+            ["cluster_queue"],
+            registry=r,
+        )
+        self.head_unconverged = Gauge(
+            "wdrf_cluster_queues_head_unconverged",
+            "ClusterQueues whose first 10 pending positions are not yet the plan's.",
+            registry=r,
+        )
         self.patches = Counter(
             "wdrf_patches",
             "Patches by target kind and result (applied, conflict, failed, refused, unsupported).",

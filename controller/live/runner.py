@@ -91,7 +91,16 @@ from controller.live.snapshot import (
     needs_prompt_cycle,
     owner_key,
 )
-from controller.plan import Plan, PriorityMode, WorkloadDecision, write_order
+from controller.plan import (
+    HEAD_POSITIONS,
+    Plan,
+    PriorityMode,
+    WorkloadDecision,
+    current_positions,
+    head_first,
+    pool_of,
+    positions_right,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,16 +128,9 @@ def default_parsers() -> Parsers:
                    parse_owner)
 
 
-def pool_of_decision(d: WorkloadDecision) -> str:
-    """The pool (cohort or lone ClusterQueue) a decision's priority competes in."""
-    return d.breakdown.pool if d.breakdown is not None else f"cq/{d.cluster_queue or '-'}"
-
-
-def order_writes(changes: list[Change]) -> list[Change]:
-    """Priority writes, most important first (`controller.plan.write_order`: admitted guards,
-    then urgent work, class and override changes, then other changes, rebases last); stable
-    within a group."""
-    return sorted(changes, key=lambda c: write_order(c.decision, c.old_terms))
+def order_writes(changes: list[Change], plan: Plan) -> list[Change]:
+    """Priority writes in the order Kueue will use them (`controller.plan.head_first`)."""
+    return head_first(changes, lambda c: c.decision, plan.decisions)
 
 
 @dataclass
@@ -210,6 +212,7 @@ class LiveController:
         self._watch_timeout = watch_timeout
         self._threads: list[threading.Thread] = []
         self._warned: set[str] = set()
+        self._unconverged_since: dict[str, float] = {}  # ClusterQueue -> monotonic time
         self._reload_history = False
         self._redetect = False
         self._cycle_lock = threading.Lock()
@@ -484,7 +487,8 @@ class LiveController:
         # HAMi (Job template) writes first: a template change can make Kueue rebuild a
         # Workload's spec; the priority written after it then sticks.
         hami = [c for c in diff.changes if c.what != PRIORITY]
-        prio = order_writes([c for c in diff.changes if c.what == PRIORITY])
+        prio = order_writes([c for c in diff.changes if c.what == PRIORITY], plan)
+        self._track_convergence(plan, prio)
         over = prio[self.write_budget:] if self.write_budget >= 0 else []
         prio = prio[: max(self.write_budget, 0)]
         if over:
@@ -525,13 +529,45 @@ class LiveController:
         if not guards:
             return [], rest, []
         outcomes = self.applier.apply(guards, after).outcomes
-        unsafe = {pool_of_decision(o.change.decision) for o in outcomes
+        unsafe = {pool_of(o.change.decision) for o in outcomes
                   if o.result not in (APPLIED, NOOP)}
         now: list[Change] = []
         held: list[Change] = []
         for c in rest:
-            (held if pool_of_decision(c.decision) in unsafe else now).append(c)
+            (held if pool_of(c.decision) in unsafe else now).append(c)
         return outcomes, now, held
+
+    def _track_convergence(self, plan: Plan, writes: list[Change]) -> None:
+        """Per ClusterQueue, how many leading positions of Kueue's current order (the values
+        as observed, before this cycle's writes) are the plan's, and whether all are: a
+        queue with no pending priority write left is converged. Logs each queue when it
+        becomes converged."""
+        queues = {c.decision.cluster_queue or "-" for c in writes if not c.decision.admitted}
+        pending: dict[str, list[WorkloadDecision]] = {}
+        for d in plan.decisions:
+            if not d.admitted:
+                pending.setdefault(d.cluster_queue or "-", []).append(d)
+        current = current_positions(d for q in queues for d in pending.get(q, ()))
+        right = {q: positions_right(pending[q], current) if q in queues else len(pending[q])
+                 for q in pending}
+        now = time.monotonic()
+        for q, n in right.items():
+            if n < len(pending[q]):
+                self._unconverged_since.setdefault(q, now)
+            elif q in self._unconverged_since:
+                since = self._unconverged_since.pop(q)
+                log.info("ClusterQueue %s converged: its %d pending Workloads are in the plan's "
+                         "order (%.0fs after it was first seen out of order)", q, n, now - since,
+                         extra={"cluster_queue": q, "pending": n,
+                                "seconds": round(now - since, 1)})
+        for q in set(self._unconverged_since) - set(pending):
+            del self._unconverged_since[q]  # the queue has no pending Workload left
+        m = self.metrics
+        m.set_labelled(m.positions_right, {q: float(n) for q, n in right.items()})
+        m.set_labelled(m.order_converged,
+                       {q: float(n == len(pending[q])) for q, n in right.items()})
+        m.head_unconverged.set(sum(n < min(HEAD_POSITIONS, len(pending[q]))
+                                   for q, n in right.items()))
 
     def diff(self, plan: Plan, built: Built) -> Diff:
         assert self.mode is not None

@@ -549,23 +549,43 @@ def test_no_priority_event_when_only_the_aging_reference_moved() -> None:
     assert [e for e in api.writes() if "/events" in e[1]] == events
 
 
-def test_urgent_and_class_changes_are_written_first_when_the_budget_is_short(
-    monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import controller.live.runner as runner_module
-
+def test_the_queues_head_is_written_first_when_the_budget_is_short() -> None:
+    """Four Workloads of one queue, none written; w3 is urgent (the plan's head) and w2 the
+    longest queued (Kueue's head now): with a budget of 2 those two are written."""
     api = FakeApi()
     cluster(api)
-    for i in range(4):
-        workload(api, "team-a", f"w{i}")
+    for i in range(3):
+        workload(api, "team-a", f"w{i}", minutes_ago=10 + i)
+    workload(api, "team-a", "w3", minutes_ago=1, annotations={URGENT_ANNOTATION: "true"})
     c = controller(api, settings())
-    c.write_budget = 1
-    monkeypatch.setattr(runner_module, "write_order",
-                        lambda d, _old: 0 if d.key.endswith("w3") else 2)
+    c.write_budget = 2
     report = c.run_cycle(NOW)
     assert report.applied is not None
-    (applied,) = [o.change.ref.name for o in report.applied.outcomes if o.result == "applied"]
-    assert applied == "w3"
+    applied = sorted(o.change.ref.name for o in report.applied.outcomes if o.result == "applied")
+    assert applied == ["w2", "w3"]
+
+
+def test_convergence_per_cluster_queue_metric_and_log(caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "old", minutes_ago=30)
+    workload(api, "team-b", "hot", minutes_ago=1, annotations={URGENT_ANNOTATION: "true"})
+    c = controller(api, settings())
+    m = c.metrics
+    c.run_cycle(NOW)  # Kueue's order now: old (queued first), hot; the plan's: hot, old
+    assert m.positions_right.labels("cq")._value.get() == 0
+    assert m.order_converged.labels("cq")._value.get() == 0
+    assert m.head_unconverged._value.get() == 1
+    resync(c)
+    with caplog.at_level(logging.INFO, logger="controller.live.runner"):
+        report = c.run_cycle(NOW + timedelta(seconds=10))
+    assert report.changes == []
+    assert m.positions_right.labels("cq")._value.get() == 2
+    assert m.order_converged.labels("cq")._value.get() == 1
+    assert m.head_unconverged._value.get() == 0
+    (line,) = [r.getMessage() for r in caplog.records if "converged" in r.getMessage()]
+    assert line.startswith("ClusterQueue cq converged: its 2 pending Workloads are in the "
+                           "plan's order ("), line
 
 
 def test_class_annotations_on_a_served_jobset_owner_are_read() -> None:
