@@ -7,12 +7,10 @@ now. Pure functions over domain objects; bad values are `InputProblem`s, never e
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controller.config import INT32_MAX, INT32_MIN, MAX_OVERRIDE
 from controller.domain import (
-    APPLIED_PRIORITY_ANNOTATION,
     APPROVED_ANNOTATION,
     BASE_PRIORITY_ANNOTATION,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
@@ -24,6 +22,7 @@ from controller.domain import (
     PriorityClass,
     Workload,
 )
+from controller.workload import implied_base as implied_base  # policy imports it from here
 
 _UNSIGNED = re.compile(r"^[0-9]{1,10}$")
 _SIGNED = re.compile(r"^-?[0-9]{1,10}$")
@@ -93,34 +92,6 @@ def read_override(
             f"expected a plain integer 0..{MAX_OVERRIDE} (no sign, exponent or spaces)",
         )]
     return None, []
-
-
-def _int32(val: str | None) -> int | None:
-    if val is not None and _SIGNED.match(val) and INT32_MIN <= int(val) <= INT32_MAX:
-        return int(val)
-    return None
-
-
-def implied_base(priority: int | None, annotations: Mapping[str, str]) -> int | None:
-    """The base priority a Workload's spec.priority and annotations imply; None when
-    `wdrf.x-k8s.io/base-priority` is present but invalid.
-
-    Without a (valid) base annotation: spec.priority, else 0. With one, and a valid
-    `wdrf.x-k8s.io/applied-priority` (the spec.priority this controller last wrote):
-    spec.priority == applied -> ours, the base annotation; == base -> Kueue reset it to the
-    class value, the base annotation; anything else -> someone set a new base (a changed
-    WorkloadPriorityClass, an admin), spec.priority. Without a valid applied annotation the
-    base annotation wins, as it did before that annotation existed."""
-    val = annotations.get(BASE_PRIORITY_ANNOTATION)
-    if val is None:
-        return priority or 0
-    base = _int32(val)
-    if base is None:
-        return None
-    applied = _int32(annotations.get(APPLIED_PRIORITY_ANNOTATION))
-    if applied is None or priority is None or priority in (applied, base):
-        return base
-    return priority
 
 
 def read_base(workload: Workload) -> tuple[int, list[InputProblem]]:

@@ -22,6 +22,9 @@ GPUMEM_PERCENTAGE = "nvidia.com/gpumem-percentage"
 CPU = "cpu"
 MEMORY = "memory"
 
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1  # Kueue priorities are int32
+KUEUE_GROUP = "kueue.x-k8s.io"  # the API group of Workloads, ClusterQueues, LocalQueues
+
 # Annotation keys this project reads or owns.
 ANNOTATION_PREFIX = "wdrf.x-k8s.io/"
 URGENT_ANNOTATION = ANNOTATION_PREFIX + "urgent"

@@ -23,6 +23,7 @@ import yaml
 
 from controller.domain import (
     EMPTY_MAPPING,
+    KUEUE_GROUP,
     OWNER_KINDS,
     Admission,
     ClusterQueue,
@@ -44,7 +45,6 @@ from controller.domain import (
 )
 from controller.quantity import parse_quantity
 
-KUEUE_GROUP = "kueue.x-k8s.io"
 AFS_MODE = "UsageBasedAdmissionFairSharing"
 SNAPSHOT_SUFFIXES = (".yaml", ".yml", ".json")
 

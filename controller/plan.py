@@ -19,8 +19,10 @@ from typing import TypeVar
 
 from controller.domain import InputProblem, PriorityClass, PriorityMode, Resources
 from controller.usage import UsageHistory
+from controller.workload import TERMS_VERSION, Terms
 
 __all__ = [
+    "TERMS_VERSION",
     "HamiDecision",
     "Plan",
     "PriorityBreakdown",
@@ -157,25 +159,13 @@ class Plan:
 
 
 # ---------------------------------------------------------------------------------------------
-# The priority-terms annotation
-
-TERMS_VERSION = "v2"
+# The priority-terms annotation (controller.workload.Terms)
 
 
 def parse_terms(text: str | None) -> dict[str, str]:
-    """`v2 class=normal team=a ...` -> {"version": "v2", "class": "normal", ...}; tolerant:
-    unknown words are kept, malformed ones dropped, anything else gives {}."""
-    if not text:
-        return {}
-    words = text.split()
-    if not words or words[0] != TERMS_VERSION:
-        return {}
-    out = {"version": words[0]}
-    for word in words[1:]:
-        key, sep, value = word.partition("=")
-        if sep and key:
-            out[key] = value
-    return out
+    """The terms this controller wrote (`Terms.parse`), {} when absent or of another version."""
+    terms = Terms.parse(text)
+    return dict(terms) if terms.current else {}
 
 
 # What people act on, with the value a Workload has when nothing was asked for it: a class,

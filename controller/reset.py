@@ -24,16 +24,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import click
 
-from controller import __version__, domain
+from controller import __version__
+from controller.live.api import JSON_PATCH
 from controller.render import machine, output_option
 from controller.why import (
-    TERMS_ANNOTATION,
     Api,
     WhyError,
     _api_failure,
@@ -43,39 +43,13 @@ from controller.why import (
     status_of,
     why_cmd,
 )
-
-JSON_PATCH = "application/json-patch+json"
-
-CONTROLLER_ANNOTATIONS = (
-    domain.KUEUE_PRIORITY_BOOST_ANNOTATION,
-    domain.BASE_PRIORITY_ANNOTATION,
-    domain.APPLIED_PRIORITY_ANNOTATION,
-    TERMS_ANNOTATION,
-)
-
-
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _int(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None
+from controller.workload import UndoPatch, undo_patch
 
 
 @dataclass
-class Undo:
-    namespace: str
-    name: str
-    remove: list[str] = field(default_factory=list)
-    priority_from: int | None = None
-    priority_to: int | None = None
-    kept_priority: str = ""  # why spec.priority is left as it is
-    ops: list[dict[str, Any]] = field(default_factory=list)
+class Undo(UndoPatch):
+    """One Workload's undo (`controller.workload.undo_patch`) and what became of it."""
+
     result: str = "planned"
 
     @property
@@ -95,33 +69,11 @@ class Undo:
 
 def plan_undo(wl: dict[str, Any]) -> Undo | None:
     """The JSON patch that undoes the controller's writes on one Workload (None: nothing)."""
-    meta = wl.get("metadata") or {}
-    ann: dict[str, str] = dict(meta.get("annotations") or {})
-    undo = Undo(str(meta.get("namespace", "")), str(meta.get("name", "")))
-    present = [k for k in CONTROLLER_ANNOTATIONS if k in ann]
-    base = _int(ann.get(domain.BASE_PRIORITY_ANNOTATION))
-    applied = _int(ann.get(domain.APPLIED_PRIORITY_ANNOTATION))
-    raw_prio = (wl.get("spec") or {}).get("priority")
-    prio = raw_prio if isinstance(raw_prio, int) else None
-    if base is not None and prio is not None and prio != base:
-        if applied is None or prio == applied:
-            undo.priority_from, undo.priority_to = prio, base
-        else:
-            undo.kept_priority = (f"spec.priority {prio} kept (neither the applied {applied} "
-                                  f"nor the base {base}: set by someone else since)")
-    if not present and undo.priority_to is None:
+    p = undo_patch(wl)
+    if p is None:
         return None
-    ops: list[dict[str, Any]] = []
-    if undo.priority_to is not None:
-        ops.append({"op": "test", "path": "/spec/priority", "value": prio})
-        ops.append({"op": "replace", "path": "/spec/priority", "value": undo.priority_to})
-    for key in present:
-        path = "/metadata/annotations/" + _escape(key)
-        ops.append({"op": "test", "path": path, "value": ann[key]})
-        ops.append({"op": "remove", "path": path})
-    undo.remove = present
-    undo.ops = ops
-    return undo
+    return Undo(p.namespace, p.name, p.remove, p.priority_from, p.priority_to, p.kept_priority,
+                p.ops)
 
 
 def _workloads(api: Api, version: str, namespace: str | None) -> list[dict[str, Any]]:

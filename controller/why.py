@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,12 +29,30 @@ from typing import Any, Protocol
 
 import click
 
-from controller import domain
+from controller.domain import (
+    KUEUE_GROUP,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
+)
 from controller.render import machine, output_option
+from controller.workload import (
+    ADMITTED,
+    FINISHED,
+    QUOTA_RESERVED,
+    Terms,
+    annotations_of,
+    condition,
+    condition_true,
+    controller_owner,
+    effective_priority,
+    is_active,
+    is_finished,
+    is_pending,
+    meta,
+    parse_int32,
+)
 
-TERMS_ANNOTATION: str = str(getattr(domain, "PRIORITY_TERMS_ANNOTATION",
-                                    domain.ANNOTATION_PREFIX + "priority-terms"))
-KUEUE_GROUP = "kueue.x-k8s.io"
+TERMS_ANNOTATION = PRIORITY_TERMS_ANNOTATION
 VISIBILITY_GROUP = "visibility.kueue.x-k8s.io"
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 
@@ -67,24 +84,7 @@ def status_of(exc: Exception) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# The priority-terms annotation
-
-
-def parse_terms(text: str | None) -> dict[str, str]:
-    """`v2 class=normal team=a level=12/50 ...` (or `key=value;key=value`) -> a dict.
-
-    Tolerant: words may be separated by spaces or `;`; a first word without `=` is the
-    version (`version`); unknown keys are kept; malformed words are dropped."""
-    out: dict[str, str] = {}
-    if not text:
-        return out
-    for i, word in enumerate(w for w in re.split(r"[;\s]+", text.strip()) if w):
-        key, sep, value = word.partition("=")
-        if sep and key:
-            out[key.strip()] = value.strip()
-        elif i == 0 and not sep:
-            out["version"] = word
-    return out
+# The priority terms, for people
 
 
 def pool_name(pool: str) -> str:
@@ -141,18 +141,6 @@ def _get(api: Api, path: str) -> JSON | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _condition(wl: JSON, ctype: str) -> JSON | None:
-    for c in (wl.get("status") or {}).get("conditions") or []:
-        if c.get("type") == ctype:
-            return dict(c)
-    return None
-
-
-def _true(wl: JSON, ctype: str) -> bool:
-    c = _condition(wl, ctype)
-    return c is not None and c.get("status") == "True"
-
-
 def _ts(value: Any) -> datetime | None:
     if not isinstance(value, str) or not value:
         return None
@@ -166,27 +154,6 @@ def _ts(value: Any) -> datetime | None:
 def _created(wl: JSON) -> datetime:
     return _ts((wl.get("metadata") or {}).get("creationTimestamp")) or datetime.min.replace(
         tzinfo=UTC)
-
-
-def _annotations(obj: JSON) -> dict[str, str]:
-    return dict((obj.get("metadata") or {}).get("annotations") or {})
-
-
-def effective_priority(wl: JSON) -> int:
-    """spec.priority + kueue.x-k8s.io/priority-boost (what Kueue orders by)."""
-    try:
-        prio = int((wl.get("spec") or {}).get("priority") or 0)
-    except (TypeError, ValueError):
-        prio = 0
-    try:
-        boost = int(_annotations(wl).get(domain.KUEUE_PRIORITY_BOOST_ANNOTATION, "0"))
-    except ValueError:
-        boost = 0
-    return prio + boost
-
-
-def is_pending(wl: JSON) -> bool:
-    return not _true(wl, "QuotaReserved") and not _true(wl, "Finished")
 
 
 def _owner_matches(ref: JSON, name: str, kind: str | None) -> bool:
@@ -236,7 +203,7 @@ def resolve(api: Api, version: str, ns: str, name: str,
         raise WhyError(f"{name} names several owners in {ns} ({', '.join(sorted(kinds))}): "
                        "say which with --kind")
     # A re-created job may leave an old finished Workload behind: the live one, newest first.
-    owned.sort(key=lambda w: (not _true(w, "Finished"), _created(w)), reverse=True)
+    owned.sort(key=lambda w: (not is_finished(w), _created(w)), reverse=True)
     return owned[0], items
 
 
@@ -355,17 +322,13 @@ def _human(seconds: float) -> str:
 
 def _state(wl: JSON) -> tuple[str, str, str]:
     """-> (state, Kueue's reason, Kueue's message)."""
-    if _true(wl, "Finished"):
-        c = _condition(wl, "Finished") or {}
-        return "finished", str(c.get("reason", "")), str(c.get("message", ""))
-    if _true(wl, "Admitted"):
-        c = _condition(wl, "Admitted") or {}
-        return "admitted", str(c.get("reason", "")), str(c.get("message", ""))
-    if _true(wl, "QuotaReserved"):
-        c = _condition(wl, "QuotaReserved") or {}
-        return "quota-reserved", str(c.get("reason", "")), str(c.get("message", ""))
-    c = _condition(wl, "QuotaReserved") or {}
-    state = "held" if (wl.get("spec") or {}).get("active", True) is False else "pending"
+    for ctype, state in ((FINISHED, "finished"), (ADMITTED, "admitted"),
+                         (QUOTA_RESERVED, "quota-reserved")):
+        if condition_true(wl, ctype):
+            c = condition(wl, ctype) or {}
+            return state, str(c.get("reason", "")), str(c.get("message", ""))
+    c = condition(wl, QUOTA_RESERVED) or {}
+    state = "pending" if is_active(wl) else "held"
     return state, str(c.get("reason", "")), str(c.get("message", ""))
 
 
@@ -438,15 +401,14 @@ def why(api: Api, ns: str, name: str, kind: str | None = None,
     now = now or datetime.now(UTC)
     version = kueue_version(api)
     wl, items = resolve(api, version, ns, name, kind)
-    meta = wl.get("metadata") or {}
+    m = meta(wl)
     spec = wl.get("spec") or {}
-    ann = _annotations(wl)
-    owner_ref = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")),
-                     (meta.get("ownerReferences") or [None])[0])
+    ann = annotations_of(wl)
+    owner_ref = controller_owner(wl) or next(iter(m.get("ownerReferences") or []), None)
     owner = f"{owner_ref.get('kind')}/{owner_ref.get('name')}" if owner_ref else ""
     queue = str(spec.get("queueName", ""))
     state, reason, message = _state(wl)
-    terms = parse_terms(ann.get(TERMS_ANNOTATION))
+    terms = dict(Terms.parse(ann.get(TERMS_ANNOTATION)))
     admission = (wl.get("status") or {}).get("admission") or {}
     cluster_queue = str(admission.get("clusterQueue", ""))
     queue_pending: int | None = None
@@ -464,7 +426,7 @@ def why(api: Api, ns: str, name: str, kind: str | None = None,
     position = Position()
     if state in ("pending", "held") and queue:
         why_not: list[str] = []
-        found = visibility_position(api, ns, queue, str(meta.get("name")), why_not)
+        found = visibility_position(api, ns, queue, str(m.get("name")), why_not)
         if found is None:
             if items is None:
                 try:
@@ -479,22 +441,18 @@ def why(api: Api, ns: str, name: str, kind: str | None = None,
                 note="not allowed to list the namespace's Workloads")
         position = found
     evicted = ""
-    ev = _condition(wl, "Evicted")
+    ev = condition(wl, "Evicted")
     if ev is not None and (ev.get("reason") or ev.get("message")):
         evicted = f"{ev.get('reason', '')}: {ev.get('message', '')}".strip(": ")
     requeue_at = str(((wl.get("status") or {}).get("requeueState") or {}).get("requeueAt") or "")
     since = _ts(terms.get("since")) or _created(wl)
-    boost_text = ann.get(domain.KUEUE_PRIORITY_BOOST_ANNOTATION)
-    try:
-        boost = int(boost_text) if boost_text is not None else None
-    except ValueError:
-        boost = None
+    boost = parse_int32(ann.get(KUEUE_PRIORITY_BOOST_ANNOTATION))
     report = Report(
-        namespace=ns, name=name, workload=str(meta.get("name", "")), owner=owner,
+        namespace=ns, name=name, workload=str(m.get("name", "")), owner=owner,
         owner_kind=str(owner_ref.get("kind", "")) if owner_ref else "", queue=queue,
         cluster_queue=cluster_queue, state=state, kueue_reason=reason, kueue_message=message,
         evicted=evicted, requeue_at=requeue_at, priority=effective_priority(wl), boost=boost,
-        terms=terms, created=str(meta.get("creationTimestamp", "")),
+        terms=terms, created=str(m.get("creationTimestamp", "")),
         waited_seconds=(now - since).total_seconds() if state in ("pending", "held") else None,
         position=position, queue_pending=queue_pending,
     )

@@ -34,6 +34,7 @@ from controller.domain import (
     GPUCORES,
     GPUMEM_PERCENTAGE,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
     Admission,
     ClusterQueue,
@@ -55,7 +56,6 @@ from evaluation.trace import PCT, SimJob
 if TYPE_CHECKING:
     from evaluation.policies import AnySim
 
-TERMS_ANNOTATION = "wdrf.x-k8s.io/priority-terms"
 COHORT_NAME = "all-teams"
 FLAVOR = "default-flavor"
 
@@ -287,8 +287,8 @@ class WdrfKueue(Policy):
         if ann.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0") != str(boost):
             ann[KUEUE_PRIORITY_BOOST_ANNOTATION] = str(boost)
             wrote = True
-        if terms and ann.get(TERMS_ANNOTATION) != terms:
-            ann[TERMS_ANNOTATION] = terms
+        if terms and ann.get(PRIORITY_TERMS_ANNOTATION) != terms:
+            ann[PRIORITY_TERMS_ANNOTATION] = terms
             wrote = True
         if wrote:
             self.wl[jid] = replace(w, annotations=MappingProxyType(ann))

@@ -16,8 +16,8 @@ from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
 from controller.agent.publish import COMPONENT, KubeError, NodeEvent, NodeInfo
+from controller.live.api import MERGE_PATCH
 
-MERGE_PATCH = "application/merge-patch+json"
 EVENT_NAMESPACE = "default"  # the only namespace the API accepts for Events about Nodes
 
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
+from controller.domain import KUEUE_GROUP
+
 JSON = dict[str, Any]
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -148,7 +150,6 @@ class Resource:
         return Resource(self.group, version, self.plural, self.kind, self.namespaced)
 
 
-KUEUE_GROUP = "kueue.x-k8s.io"
 WORKLOADS = Resource(KUEUE_GROUP, "v1beta2", "workloads", "Workload")
 CLUSTER_QUEUES = Resource(KUEUE_GROUP, "v1beta2", "clusterqueues", "ClusterQueue", False)
 LOCAL_QUEUES = Resource(KUEUE_GROUP, "v1beta2", "localqueues", "LocalQueue")

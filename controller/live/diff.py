@@ -30,19 +30,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import domain
-from controller.classify import implied_base
-from controller.domain import (
-    APPLIED_PRIORITY_ANNOTATION,
-    BASE_PRIORITY_ANNOTATION,
-    GPU,
-    GPUCORES,
-    GPUMEM_PERCENTAGE,
-    KUEUE_PRIORITY_BOOST_ANNOTATION,
-    ObjectRef,
-)
+from controller.domain import GPU, GPUCORES, GPUMEM_PERCENTAGE, ObjectRef
 from controller.live.api import JSON, JSON_PATCH, Resource
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
+from controller.workload import (
+    PriorityTarget,
+    annotation_ops,
+    annotations_of,
+    meta,
+    owner_job_key,
+    owner_uids,
+    pointer,
+    priority_patch,
+    uid_test,
+)
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 
@@ -50,8 +51,6 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 PRIORITY = "priority"
 HAMI_ANNOTATIONS = "hami-annotations"
 GPU_FRACTION = "gpu-fraction"
-
-PRIORITY_TERMS_ANNOTATION = domain.PRIORITY_TERMS_ANNOTATION
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,39 +107,15 @@ class _Builder:
         return Diff(tuple(self.changes), tuple(self.notices))
 
 
-def pointer(*parts: str) -> str:
-    """A JSON pointer (RFC 6901) from raw path segments."""
-    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    ann = _meta(obj).get("annotations")
-    return ann if isinstance(ann, Mapping) else {}
-
-
 def ref_of(obj: Mapping[str, Any], resource: Resource) -> ObjectRef:
-    meta = _meta(obj)
+    m = meta(obj)
     return ObjectRef(
         resource.kind,
-        str(meta.get("name", "")),
-        str(meta.get("namespace", "") or ""),
-        str(meta.get("uid", "")),
+        str(m.get("name", "")),
+        str(m.get("namespace", "") or ""),
+        str(m.get("uid", "")),
         resource.api_version,
     )
-
-
-def _int_or_none(value: Any) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 # -- priority ---------------------------------------------------------------------------
@@ -149,123 +124,17 @@ def _int_or_none(value: Any) -> int | None:
 def diff_priority(
     decision: WorkloadDecision, workload: JSON, resource: Resource, mode: PriorityMode
 ) -> Change | None:
-    """The write (if any) that brings one Workload's priority to the decision."""
+    """The write (if any) that brings one Workload's priority to the decision
+    (`controller.workload.priority_patch`)."""
     if decision.leave_unchanged:
         return None
-    if mode is PriorityMode.BOOST:
-        return _boost_change(decision, workload, resource)
-    if mode is PriorityMode.SPEC:
-        return _spec_change(decision, workload, resource)
-    raise ValueError(f"priority mode {mode} must be resolved before diffing")
-
-
-def uid_test(obj: Mapping[str, Any]) -> list[JSON]:
-    """`test /metadata/uid`: the patch applies only to the very object it was computed for."""
-    uid = _meta(obj).get("uid")
-    return [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
-
-
-def _annotation_ops(obj: Mapping[str, Any], set_: Mapping[str, str],
-                    remove: Sequence[str]) -> list[JSON]:
-    """JSON patch ops setting and removing annotations (only those that differ)."""
-    ann = annotations_of(obj)
-    ops: list[JSON] = []
-    adds = {k: v for k, v in set_.items() if ann.get(k) != v}
-    if adds and not isinstance(_meta(obj).get("annotations"), Mapping):
-        ops.append({"op": "add", "path": pointer("metadata", "annotations"), "value": {}})
-    for k, v in adds.items():
-        ops.append({"op": "add", "path": pointer("metadata", "annotations", k), "value": v})
-    for k in remove:
-        if k in ann:
-            ops.append({"op": "remove", "path": pointer("metadata", "annotations", k)})
-    return ops
-
-
-def _boost_change(decision: WorkloadDecision, wl: JSON, resource: Resource) -> Change | None:
-    ann = annotations_of(wl)
-    want = str(decision.target_boost) if decision.target_boost != 0 else None
-    have = ann.get(KUEUE_PRIORITY_BOOST_ANNOTATION)
-    set_: dict[str, str] = {}
-    remove: list[str] = []
-    if have != want:
-        if want is None:
-            remove.append(KUEUE_PRIORITY_BOOST_ANNOTATION)
-        else:
-            set_[KUEUE_PRIORITY_BOOST_ANNOTATION] = want
-    # Left over from spec mode: put the base priority back and forget it.
-    spec_ops: list[JSON] = []
-    remove += [k for k in (APPLIED_PRIORITY_ANNOTATION, BASE_PRIORITY_ANNOTATION) if k in ann]
-    if BASE_PRIORITY_ANNOTATION in ann:
-        spec_priority = _int_or_none((wl.get("spec") or {}).get("priority"))
-        if spec_priority != decision.base_priority:
-            spec_ops.append({"op": "add", "path": pointer("spec", "priority"),
-                             "value": decision.base_priority})
-    if not set_ and not remove:
+    target = PriorityTarget(decision.base_priority, decision.target_priority,
+                            decision.target_boost, decision.terms)
+    patch = priority_patch(workload, mode, target)
+    if patch is None:
         return None
-    terms = decision.terms
-    if terms:
-        set_[PRIORITY_TERMS_ANNOTATION] = terms
-    ops = uid_test(wl) + spec_ops + _annotation_ops(wl, set_, remove)
-    summary = f"priority boost {have or 0} -> {want or 0}"
-    if spec_ops:
-        summary += f", spec.priority restored to base {decision.base_priority}"
-    return Change(
-        ref_of(wl, resource), resource, PRIORITY, JSON_PATCH, ops, summary, decision,
-        PriorityMode.BOOST, ann.get(PRIORITY_TERMS_ANNOTATION),
-    )
-
-
-def _spec_change(decision: WorkloadDecision, wl: JSON, resource: Resource) -> Change | None:
-    ann = annotations_of(wl)
-    have = _int_or_none((wl.get("spec") or {}).get("priority"))
-    if BASE_PRIORITY_ANNOTATION in ann and implied_base(have, ann) != decision.base_priority:
-        # Someone set a new base since the plan was made (seen when re-reading after a failed
-        # `test`): never overwrite it with the old base; the next cycle plans from it.
-        return None
-    target = decision.target_priority
-    keep_base = target != decision.base_priority
-    ann_ops: list[JSON] = []
-    if keep_base:
-        # The base, and the value written here (so a later spec.priority that is neither tells
-        # a new base from Kueue's reset and from our own write; see policy.implied_base).
-        for key, text in ((BASE_PRIORITY_ANNOTATION, str(decision.base_priority)),
-                          (APPLIED_PRIORITY_ANNOTATION, str(target))):
-            if ann.get(key) != text:
-                ann_ops.append({"op": "add", "path": pointer("metadata", "annotations", key),
-                                "value": text})
-        if ann_ops and ("annotations" not in _meta(wl) or _meta(wl).get("annotations") is None):
-            ann_ops.insert(0, {"op": "add", "path": pointer("metadata", "annotations"),
-                               "value": {}})
-    else:
-        for key in (BASE_PRIORITY_ANNOTATION, APPLIED_PRIORITY_ANNOTATION):
-            if key in ann:
-                ann_ops.append({"op": "remove", "path": pointer("metadata", "annotations", key)})
-    # Left over from boost mode: spec.priority now carries the whole target.
-    if KUEUE_PRIORITY_BOOST_ANNOTATION in ann:
-        ann_ops.append({"op": "remove", "path": pointer(
-            "metadata", "annotations", KUEUE_PRIORITY_BOOST_ANNOTATION)})
-    if have == target and not ann_ops:
-        return None
-    terms = decision.terms
-    if terms and ann.get(PRIORITY_TERMS_ANNOTATION) != terms:
-        if not any(op["path"] == pointer("metadata", "annotations") for op in ann_ops) and (
-                not isinstance(_meta(wl).get("annotations"), Mapping)):
-            ann_ops.insert(0, {"op": "add", "path": pointer("metadata", "annotations"),
-                               "value": {}})
-        ann_ops.append({"op": "add", "path": pointer(
-            "metadata", "annotations", PRIORITY_TERMS_ANNOTATION), "value": terms})
-    ops: list[JSON] = uid_test(wl)
-    if have is not None:
-        # Only if nobody changed it since we read it (Kueue, a user): else re-read.
-        ops.append({"op": "test", "path": pointer("spec", "priority"), "value": have})
-    if have != target:
-        ops.append({"op": "add", "path": pointer("spec", "priority"), "value": target})
-    ops += ann_ops
-    summary = f"spec.priority {have} -> {target} (base {decision.base_priority})"
-    return Change(
-        ref_of(wl, resource), resource, PRIORITY, JSON_PATCH, ops, summary, decision,
-        PriorityMode.SPEC, ann.get(PRIORITY_TERMS_ANNOTATION),
-    )
+    return Change(ref_of(workload, resource), resource, PRIORITY, JSON_PATCH, patch.ops,
+                  patch.summary, decision, mode, patch.old_terms)
 
 
 # -- HAMi on the owner Job ----------------------------------------------------------------
@@ -318,7 +187,7 @@ def diff_job_hami(
     guard = [*uid_test(job), {"op": "test", "path": "/spec/suspend", "value": True}]
     if missing:
         ops = list(guard)
-        if not isinstance(_meta(_template(job)).get("annotations"), Mapping):
+        if not isinstance(meta(_template(job)).get("annotations"), Mapping):
             if not isinstance(_template(job).get("metadata"), Mapping):
                 ops.append({"op": "add", "path": pointer("spec", "template", "metadata"),
                             "value": {}})
@@ -430,7 +299,7 @@ def diff_pods_hami(
             text = ", ".join(f"{k}={v}" for k, v in sorted(missing.items()))
             # UID-tested like every Workload and Job patch: a pod deleted and recreated under
             # the same name (a pod group's replacement) is never patched with this intent.
-            ops = [*uid_test(pod), *_annotation_ops(pod, missing, ())]
+            ops = [*uid_test(pod), *annotation_ops(pod, missing, ())]
             out.add(Change(ref, pod_resource, HAMI_ANNOTATIONS, JSON_PATCH, ops,
                            f"pod annotations {text}", decision))
         if _fraction_values(hami) and container_fraction_patch(
@@ -449,7 +318,7 @@ def redo(change: Change, fresh: JSON, resources_mutable: bool | None = None) -> 
     """The same intent recomputed against a freshly read object (after 409 / failed test).
     None when there is nothing left to do, or when the object is not the one the change was
     computed for (deleted and recreated under the same name: another UID)."""
-    if change.ref.uid and str(_meta(fresh).get("uid") or "") != change.ref.uid:
+    if change.ref.uid and str(meta(fresh).get("uid") or "") != change.ref.uid:
         return None
     if change.what == PRIORITY and change.mode is not None:
         return diff_priority(change.decision, fresh, change.resource, change.mode)
@@ -504,21 +373,17 @@ def plan_diff(
             priority.append(change)
         if d.hami is None or d.admitted:
             continue
-        owner = next((o for o in _meta(raw).get("ownerReferences") or []
-                      if isinstance(o, Mapping) and o.get("controller") is True), None)
-        if owner is not None and owner.get("kind") == "Job":
-            ns = str(_meta(raw).get("namespace") or "")
-            owner_job = job(f"{ns}/{owner.get('name')}")
+        job_key = owner_job_key(raw)
+        if job_key is not None:
+            owner_job = job(job_key)
             if owner_job is None:
                 continue
-            uid = str(_meta(owner_job).get("uid") or "")
+            uid = str(meta(owner_job).get("uid") or "")
             part = diff_job_hami(d, owner_job, jobs_res,
                                  False if fraction_refused(uid) else None,
                                  fraction_blocked(d))
         else:
-            owned = [pods_by_uid[str(o.get("uid"))]
-                     for o in _meta(raw).get("ownerReferences") or []
-                     if str(o.get("uid")) in pods_by_uid]
+            owned = [pods_by_uid[uid] for uid in owner_uids(raw) if uid in pods_by_uid]
             part = diff_pods_hami(d, owned, pods_res)
         hami.extend(part.changes)
         notices.extend(part.notices)

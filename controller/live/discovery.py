@@ -23,11 +23,10 @@ from typing import Any
 
 import yaml
 
-from controller.domain import KueueApiVersion, RequeueTimestamp
+from controller.domain import KUEUE_GROUP, KueueApiVersion, RequeueTimestamp
 from controller.live.api import (
     CONFIG_MAPS,
     DEPLOYMENTS,
-    KUEUE_GROUP,
     ApiError,
     Resource,
     Transport,

@@ -89,7 +89,6 @@ from controller.live.snapshot import (
     Parsers,
     SnapshotBuilder,
     needs_prompt_cycle,
-    owner_key,
 )
 from controller.plan import (
     HEAD_POSITIONS,
@@ -101,6 +100,7 @@ from controller.plan import (
     pool_of,
     positions_right,
 )
+from controller.workload import owner_key
 
 log = logging.getLogger(__name__)
 

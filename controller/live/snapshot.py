@@ -25,6 +25,13 @@ from controller.domain import (
 )
 from controller.live.api import JSON
 from controller.live.cache import object_key, resource_version
+from controller.workload import (
+    annotations_of,
+    is_quota_reserved,
+    owner_job_key,
+    owner_job_key_of,
+    owner_key,
+)
 
 T = TypeVar("T")
 Parser = Callable[[JSON], tuple[T | None, list[InputProblem]]]
@@ -77,17 +84,6 @@ class Built:
     workloads: dict[str, Workload] = field(default_factory=dict)  # key -> parsed
 
 
-def _owner_job_key(wl: Workload) -> str | None:
-    if wl.owner is not None and wl.owner.kind == "Job":
-        return f"{wl.namespace}/{wl.owner.name}"
-    return None
-
-
-def owner_key(namespace: str, kind: str, name: str) -> str:
-    """How `build` finds a Workload's owner of another integrated kind."""
-    return f"{namespace}/{kind}/{name}"
-
-
 class SnapshotBuilder:
     def __init__(self, parsers: Parsers) -> None:
         self._wl = ParseCache(parsers.workload)
@@ -122,7 +118,7 @@ class SnapshotBuilder:
         lqs = self._parse_all(self._lq, local_queues, problems)
         job_objs = []
         for wl in parsed_wls.values():
-            key = _owner_job_key(wl)
+            key = owner_job_key_of(wl)
             if key is not None and key in jobs:
                 job_objs.append(jobs[key])
         parsed_jobs = self._parse_all(self._job, job_objs, problems)
@@ -182,34 +178,13 @@ class SnapshotBuilder:
 # -- prompt cycles ----------------------------------------------------------------------------
 
 
-def _annotations(obj: JSON | None) -> Mapping[str, str]:
-    if not obj:
-        return {}
-    ann = (obj.get("metadata") or {}).get("annotations")
-    return ann if isinstance(ann, Mapping) else {}
-
-
 def class_annotations(obj: JSON | None) -> dict[str, str]:
-    ann = _annotations(obj)
+    ann = annotations_of(obj)
     return {k: str(ann[k]) for k in CLASS_KEYS if k in ann}
 
 
 def raises_class(values: Mapping[str, str]) -> bool:
     return any(v not in ("", "false") for v in values.values())
-
-
-def _owner_job_name(wl: JSON) -> str | None:
-    for ref in (wl.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == "Job":
-            return str(ref.get("name"))
-    return None
-
-
-def _quota_reserved(obj: JSON) -> bool:
-    for c in (obj.get("status") or {}).get("conditions") or []:
-        if isinstance(c, dict) and c.get("type") == "QuotaReserved":
-            return c.get("status") == "True"
-    return False
 
 
 def needs_prompt_cycle(
@@ -222,8 +197,8 @@ def needs_prompt_cycle(
     see docs/policy.md)."""
     if new is None:
         return False
-    if kind == "Workload" and old is not None and _quota_reserved(new) and not _quota_reserved(
-            old):
+    if kind == "Workload" and old is not None and is_quota_reserved(new) and not (
+            is_quota_reserved(old)):
         return True
     before, after = class_annotations(old), class_annotations(new)
     if old is not None and before != after:
@@ -231,10 +206,9 @@ def needs_prompt_cycle(
     if kind == "Workload" and old is None:
         if raises_class(after):
             return True
-        job_name = _owner_job_name(new)
-        ns = (new.get("metadata") or {}).get("namespace", "")
-        if job_name:
-            return raises_class(class_annotations(job_lookup(f"{ns}/{job_name}")))
+        job_key = owner_job_key(new)
+        if job_key is not None:
+            return raises_class(class_annotations(job_lookup(job_key)))
         return False
     if kind == "Job" and old is None:
         return raises_class(after)

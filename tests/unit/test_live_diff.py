@@ -16,6 +16,7 @@ from controller.domain import (
     HAMI_GPU_POLICY_ANNOTATION,
     HAMI_NODE_POLICY_ANNOTATION,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
 )
 from controller.live.api import (
     JOBS,
@@ -123,13 +124,7 @@ def test_every_workload_patch_tests_the_uid_so_a_recreated_workload_is_never_pat
 
 
 def test_terms_are_written_in_the_same_patch_as_the_priority() -> None:
-    from controller.live.diff import PRIORITY_TERMS_ANNOTATION
-
-    d = decision()
-    try:
-        d = dataclasses.replace(d, terms="class=normal;ref=1")  # type: ignore[call-arg]
-    except TypeError:
-        pytest.skip("WorkloadDecision.terms not there yet (issue 10)")
+    d = dataclasses.replace(decision(), terms="class=normal;ref=1")
     for mode in (PriorityMode.BOOST, PriorityMode.SPEC):
         change = diff_priority(d, workload(), WORKLOADS, mode)
         assert change is not None

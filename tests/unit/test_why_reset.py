@@ -13,7 +13,8 @@ from controller import reset as reset_mod
 from controller import why as why_mod
 from controller.cli import main
 from controller.reset import plan_undo, reset
-from controller.why import WhyError, namespace_position, parse_terms, usage_over_entitlement, why
+from controller.why import WhyError, namespace_position, usage_over_entitlement, why
+from controller.workload import Terms
 from tests.support.fake import FakeApi
 
 V = "/apis/kueue.x-k8s.io/v1beta2"
@@ -65,6 +66,7 @@ def put(api: FakeApi, wl: dict[str, Any]) -> None:
 
 
 def test_parse_terms_is_tolerant() -> None:
+    parse_terms = Terms.parse
     t = parse_terms(TERMS)
     assert t["version"] == "v2" and t["class"] == "normal" and t["level"] == "12/50"
     assert t["override"] == "-" and t["priority"] == "1050000"

@@ -1,0 +1,462 @@
+"""The Kueue Workload on the wire: everything the controller reads from a Workload object as the
+API server holds it, and every patch it writes to one.
+
+One owner for the format (as Kueue's own `pkg/workload` is for Kueue): the condition checks,
+the controller owner, the effective priority Kueue orders by, the base-priority rule, the
+`wdrf.x-k8s.io/priority-terms` annotation (`Terms`), the priority patch and the undo patch.
+`controller.parse` turns a Workload into the domain value `compute_plan` reads; the live diff,
+`why`, `reset`, the prompt-cycle check and the evaluation's model use the functions here.
+What the annotations mean is in docs/policy.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.domain import (
+    APPLIED_PRIORITY_ANNOTATION,
+    BASE_PRIORITY_ANNOTATION,
+    INT32_MAX,
+    INT32_MIN,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
+    PriorityMode,
+    Workload,
+)
+
+JSON = dict[str, Any]
+Ops = list[JSON]
+
+# Kueue's condition types (status.conditions[].type) the controller reads.
+QUOTA_RESERVED = "QuotaReserved"
+ADMITTED = "Admitted"
+FINISHED = "Finished"
+
+# The annotations only the controller writes on a Workload (reset removes exactly these).
+CONTROLLER_ANNOTATIONS = (
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    BASE_PRIORITY_ANNOTATION,
+    APPLIED_PRIORITY_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
+)
+
+
+# -- reading a raw object ---------------------------------------------------------------------
+
+
+def meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """`metadata`, or {} when missing or malformed."""
+    m = obj.get("metadata") if obj else None
+    return m if isinstance(m, Mapping) else {}
+
+
+def annotations_of(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
+    ann = meta(obj).get("annotations")
+    return ann if isinstance(ann, Mapping) else {}
+
+
+def condition(obj: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
+    """The `status.conditions` entry of that type, if any."""
+    status = obj.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for c in conditions or []:
+        if isinstance(c, Mapping) and c.get("type") == ctype:
+            return c
+    return None
+
+
+def condition_true(obj: Mapping[str, Any], ctype: str) -> bool:
+    c = condition(obj, ctype)
+    return c is not None and c.get("status") == "True"
+
+
+def is_quota_reserved(obj: Mapping[str, Any]) -> bool:
+    return condition_true(obj, QUOTA_RESERVED)
+
+
+def is_admitted(obj: Mapping[str, Any]) -> bool:
+    return condition_true(obj, ADMITTED)
+
+
+def is_finished(obj: Mapping[str, Any]) -> bool:
+    return condition_true(obj, FINISHED)
+
+
+def is_pending(obj: Mapping[str, Any]) -> bool:
+    """Kueue's meaning: no QuotaReserved=True and no Finished=True (there is no Pending type);
+    the same rule as `domain.Workload.pending`."""
+    return not is_quota_reserved(obj) and not is_finished(obj)
+
+
+def is_active(obj: Mapping[str, Any]) -> bool:
+    """`spec.active` (default true): false when a user or Kueue deactivated the Workload."""
+    spec = obj.get("spec")
+    return not isinstance(spec, Mapping) or spec.get("active", True) is not False
+
+
+def controller_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference with `controller: true` (a Job, a JobSet...; none for pod groups)."""
+    for ref in meta(obj).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return ref
+    return None
+
+
+def owner_uids(obj: Mapping[str, Any]) -> list[str]:
+    """The UIDs of every owner reference (a pod group's Workload is owned by its pods)."""
+    return [str(ref.get("uid")) for ref in meta(obj).get("ownerReferences") or []
+            if isinstance(ref, Mapping)]
+
+
+def job_key(namespace: str, name: str) -> str:
+    """How the Job informer keys a Job: "namespace/name"."""
+    return f"{namespace}/{name}"
+
+
+def owner_job_key(obj: Mapping[str, Any]) -> str | None:
+    """The informer key of the batch/v1 Job that controls this Workload, if one does."""
+    ref = controller_owner(obj)
+    if ref is None or ref.get("kind") != "Job":
+        return None
+    return job_key(str(meta(obj).get("namespace") or ""), str(ref.get("name")))
+
+
+def owner_job_key_of(workload: Workload) -> str | None:
+    """`owner_job_key` for a parsed Workload."""
+    if workload.owner is not None and workload.owner.kind == "Job":
+        return job_key(workload.namespace, workload.owner.name)
+    return None
+
+
+def owner_key(namespace: str, kind: str, name: str) -> str:
+    """How an owner of another integrated kind (JobSet, RayJob...) is looked up."""
+    return f"{namespace}/{kind}/{name}"
+
+
+def effective_priority(obj: Mapping[str, Any]) -> int:
+    """spec.priority + kueue.x-k8s.io/priority-boost: what Kueue orders by (lenient: what
+    cannot be read counts as 0)."""
+    spec = obj.get("spec")
+    try:
+        prio = int((spec.get("priority") if isinstance(spec, Mapping) else None) or 0)
+    except (TypeError, ValueError):
+        prio = 0
+    return prio + (parse_int32(annotations_of(obj).get(KUEUE_PRIORITY_BOOST_ANNOTATION)) or 0)
+
+
+def spec_priority(obj: Mapping[str, Any]) -> int | None:
+    """spec.priority as an integer, None when absent or not an integer."""
+    spec = obj.get("spec")
+    value = spec.get("priority") if isinstance(spec, Mapping) else None
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+# -- the base priority ------------------------------------------------------------------------
+
+_SIGNED = re.compile(r"^-?[0-9]{1,10}$")
+
+
+def parse_int32(text: str | None) -> int | None:
+    """A plain signed decimal int32 ("-5", "100"; no spaces, sign "+" or exponent), else None."""
+    if text is not None and _SIGNED.match(text) and INT32_MIN <= int(text) <= INT32_MAX:
+        return int(text)
+    return None
+
+
+def implied_base(priority: int | None, annotations: Mapping[str, str]) -> int | None:
+    """The base priority a Workload's spec.priority and annotations imply; None when
+    `wdrf.x-k8s.io/base-priority` is present but invalid.
+
+    Without a (valid) base annotation: spec.priority, else 0. With one, and a valid
+    `wdrf.x-k8s.io/applied-priority` (the spec.priority this controller last wrote):
+    spec.priority == applied -> ours, the base annotation; == base -> Kueue reset it to the
+    class value, the base annotation; anything else -> someone set a new base (a changed
+    WorkloadPriorityClass, an admin), spec.priority. Without a valid applied annotation the
+    base annotation wins, as it did before that annotation existed."""
+    val = annotations.get(BASE_PRIORITY_ANNOTATION)
+    if val is None:
+        return priority or 0
+    base = parse_int32(val)
+    if base is None:
+        return None
+    applied = parse_int32(annotations.get(APPLIED_PRIORITY_ANNOTATION))
+    if applied is None or priority is None or priority in (applied, base):
+        return base
+    return priority
+
+
+# -- the priority-terms annotation ------------------------------------------------------------
+
+TERMS_VERSION = "v2"
+VERSION_KEY = "version"
+_WORD_SEPARATORS = re.compile(r"[;\s]+")
+
+
+class Terms(Mapping[str, str]):
+    """`wdrf.x-k8s.io/priority-terms`: why a Workload has the priority the controller wrote,
+    as `v2 class=normal team=a pool=cq/gpu level=12/50 ...` (docs/policy.md, "Priority
+    terms"). An ordered mapping of `key=value` words with the version under "version".
+
+    `parse` is tolerant, so every reader (the policy's hysteresis, the write order, `why`)
+    reads what any version wrote: words may be separated by spaces or `;`, a first word without
+    `=` is the version, unknown keys are kept in their order, malformed words are dropped.
+    Values never contain spaces or `;`."""
+
+    __slots__ = ("_words",)
+
+    def __init__(self, words: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
+        self._words: dict[str, str] = dict(words)
+
+    @classmethod
+    def parse(cls, text: str | None) -> Terms:
+        out: dict[str, str] = {}
+        if not text:
+            return cls(out)
+        for i, word in enumerate(w for w in _WORD_SEPARATORS.split(text.strip()) if w):
+            key, sep, value = word.partition("=")
+            if sep and key:
+                out[key.strip()] = value.strip()
+            elif i == 0 and not sep:
+                out[VERSION_KEY] = word
+        return cls(out)
+
+    @classmethod
+    def of(cls, **words: str) -> Terms:
+        """Terms of the current version; keyword order is the written order (`class_` for the
+        `class` key)."""
+        return cls({VERSION_KEY: TERMS_VERSION, **{k.rstrip("_"): v for k, v in words.items()}})
+
+    def format(self) -> str:
+        """The annotation value: the version word, then `key=value` in order."""
+        words = [self._words[VERSION_KEY]] if VERSION_KEY in self._words else []
+        words += [f"{k}={v}" for k, v in self._words.items() if k != VERSION_KEY]
+        return " ".join(words)
+
+    @property
+    def version(self) -> str:
+        return self._words.get(VERSION_KEY, "")
+
+    @property
+    def current(self) -> bool:
+        """Written in the version this controller writes (older terms are not compared)."""
+        return self.version == TERMS_VERSION
+
+    def __getitem__(self, key: str) -> str:
+        return self._words[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._words)
+
+    def __len__(self) -> int:
+        return len(self._words)
+
+    def __repr__(self) -> str:
+        return f"Terms({self.format()!r})"
+
+
+def terms_of(obj: Mapping[str, Any]) -> Terms:
+    """The terms on a raw Workload ({} when it has none)."""
+    return Terms.parse(annotations_of(obj).get(PRIORITY_TERMS_ANNOTATION))
+
+
+# -- patches ----------------------------------------------------------------------------------
+
+
+def pointer(*parts: str) -> str:
+    """A JSON pointer (RFC 6901) from raw path segments."""
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def uid_test(obj: Mapping[str, Any]) -> Ops:
+    """`test /metadata/uid`: the patch applies only to the very object it was computed for."""
+    uid = meta(obj).get("uid")
+    return [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
+
+
+def annotation_ops(obj: Mapping[str, Any], set_: Mapping[str, str],
+                   remove: Sequence[str]) -> Ops:
+    """JSON patch ops setting and removing annotations (only those that differ)."""
+    ann = annotations_of(obj)
+    ops: Ops = []
+    adds = {k: v for k, v in set_.items() if ann.get(k) != v}
+    if adds and not isinstance(meta(obj).get("annotations"), Mapping):
+        ops.append({"op": "add", "path": pointer("metadata", "annotations"), "value": {}})
+    for k, v in adds.items():
+        ops.append({"op": "add", "path": pointer("metadata", "annotations", k), "value": v})
+    for k in remove:
+        if k in ann:
+            ops.append({"op": "remove", "path": pointer("metadata", "annotations", k)})
+    return ops
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityTarget:
+    """What the plan wants a Workload's priority to be (from a `WorkloadDecision`)."""
+
+    base: int  # the priority before this controller touched it
+    priority: int  # the effective priority Kueue should see
+    boost: int  # boost mode: the priority-boost annotation value
+    terms: str = ""  # the priority-terms annotation to write with it ("" = none)
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityPatch:
+    ops: Ops
+    summary: str  # human text for the log and the success Event
+    old_terms: str | None  # the terms annotation before this write
+
+
+def priority_patch(wl: Mapping[str, Any], mode: PriorityMode,
+                   target: PriorityTarget) -> PriorityPatch | None:
+    """The JSON patch (if any) that brings one Workload's priority to the target.
+
+    * boost mode: `kueue.x-k8s.io/priority-boost` only (removed when the boost is 0). A base
+      priority left behind by spec mode is restored in the same patch.
+    * spec mode: `test`s the `spec.priority` it read, sets the target, and keeps the base in
+      `wdrf.x-k8s.io/base-priority` and the target it wrote in `wdrf.x-k8s.io/applied-priority`
+      (both dropped once the priority is back at the base). A boost annotation left behind by
+      boost mode is removed.
+    * In both modes the terms go in the same patch whenever the priority is written; every
+      patch first tests `/metadata/uid`."""
+    if mode is PriorityMode.BOOST:
+        return _boost_patch(wl, target)
+    if mode is PriorityMode.SPEC:
+        return _spec_patch(wl, target)
+    raise ValueError(f"priority mode {mode} must be resolved before diffing")
+
+
+def _boost_patch(wl: Mapping[str, Any], target: PriorityTarget) -> PriorityPatch | None:
+    ann = annotations_of(wl)
+    want = str(target.boost) if target.boost != 0 else None
+    have = ann.get(KUEUE_PRIORITY_BOOST_ANNOTATION)
+    set_: dict[str, str] = {}
+    remove: list[str] = []
+    if have != want:
+        if want is None:
+            remove.append(KUEUE_PRIORITY_BOOST_ANNOTATION)
+        else:
+            set_[KUEUE_PRIORITY_BOOST_ANNOTATION] = want
+    # Left over from spec mode: put the base priority back and forget it.
+    spec_ops: Ops = []
+    remove += [k for k in (APPLIED_PRIORITY_ANNOTATION, BASE_PRIORITY_ANNOTATION) if k in ann]
+    if BASE_PRIORITY_ANNOTATION in ann and spec_priority(wl) != target.base:
+        spec_ops.append({"op": "add", "path": pointer("spec", "priority"),
+                         "value": target.base})
+    if not set_ and not remove:
+        return None
+    if target.terms:
+        set_[PRIORITY_TERMS_ANNOTATION] = target.terms
+    ops = uid_test(wl) + spec_ops + annotation_ops(wl, set_, remove)
+    summary = f"priority boost {have or 0} -> {want or 0}"
+    if spec_ops:
+        summary += f", spec.priority restored to base {target.base}"
+    return PriorityPatch(ops, summary, ann.get(PRIORITY_TERMS_ANNOTATION))
+
+
+def _spec_patch(wl: Mapping[str, Any], target: PriorityTarget) -> PriorityPatch | None:
+    ann = annotations_of(wl)
+    have = spec_priority(wl)
+    if BASE_PRIORITY_ANNOTATION in ann and implied_base(have, ann) != target.base:
+        # Someone set a new base since the plan was made (seen when re-reading after a failed
+        # `test`): never overwrite it with the old base; the next cycle plans from it.
+        return None
+    want = target.priority
+    keep_base = want != target.base
+    ann_ops: Ops = []
+    if keep_base:
+        # The base, and the value written here (so a later spec.priority that is neither tells
+        # a new base from Kueue's reset and from our own write; see `implied_base`).
+        for key, text in ((BASE_PRIORITY_ANNOTATION, str(target.base)),
+                          (APPLIED_PRIORITY_ANNOTATION, str(want))):
+            if ann.get(key) != text:
+                ann_ops.append({"op": "add", "path": pointer("metadata", "annotations", key),
+                                "value": text})
+        if ann_ops and ("annotations" not in meta(wl) or meta(wl).get("annotations") is None):
+            ann_ops.insert(0, {"op": "add", "path": pointer("metadata", "annotations"),
+                               "value": {}})
+    else:
+        for key in (BASE_PRIORITY_ANNOTATION, APPLIED_PRIORITY_ANNOTATION):
+            if key in ann:
+                ann_ops.append({"op": "remove", "path": pointer("metadata", "annotations", key)})
+    # Left over from boost mode: spec.priority now carries the whole target.
+    if KUEUE_PRIORITY_BOOST_ANNOTATION in ann:
+        ann_ops.append({"op": "remove", "path": pointer(
+            "metadata", "annotations", KUEUE_PRIORITY_BOOST_ANNOTATION)})
+    if have == want and not ann_ops:
+        return None
+    terms = target.terms
+    if terms and ann.get(PRIORITY_TERMS_ANNOTATION) != terms:
+        if not any(op["path"] == pointer("metadata", "annotations") for op in ann_ops) and (
+                not isinstance(meta(wl).get("annotations"), Mapping)):
+            ann_ops.insert(0, {"op": "add", "path": pointer("metadata", "annotations"),
+                               "value": {}})
+        ann_ops.append({"op": "add", "path": pointer(
+            "metadata", "annotations", PRIORITY_TERMS_ANNOTATION), "value": terms})
+    ops: Ops = uid_test(wl)
+    if have is not None:
+        # Only if nobody changed it since we read it (Kueue, a user): else re-read.
+        ops.append({"op": "test", "path": pointer("spec", "priority"), "value": have})
+    if have != want:
+        ops.append({"op": "add", "path": pointer("spec", "priority"), "value": want})
+    ops += ann_ops
+    summary = f"spec.priority {have} -> {want} (base {target.base})"
+    return PriorityPatch(ops, summary, ann.get(PRIORITY_TERMS_ANNOTATION))
+
+
+@dataclass
+class UndoPatch:
+    """What undoing the controller's writes on one Workload takes (`reset`)."""
+
+    namespace: str
+    name: str
+    remove: list[str] = field(default_factory=list)  # controller annotations to remove
+    priority_from: int | None = None
+    priority_to: int | None = None  # the base spec.priority goes back to
+    kept_priority: str = ""  # why spec.priority is left as it is
+    ops: Ops = field(default_factory=list)
+
+
+def undo_patch(wl: Mapping[str, Any]) -> UndoPatch | None:
+    """The JSON patch that undoes the controller's writes on one Workload (None: nothing).
+
+    Removes the annotations only the controller writes and, in spec mode, puts spec.priority
+    back to the base, unless spec.priority is neither the value the controller applied nor
+    the base (someone else set it since; it stays). The base and applied values are read by
+    the same strict rule as the controller's (`parse_int32`): an annotation the controller
+    would reject is not trusted to restore a priority either. Each value relied on is
+    `test`ed first."""
+    m = meta(wl)
+    ann = annotations_of(wl)
+    undo = UndoPatch(str(m.get("namespace", "")), str(m.get("name", "")))
+    present = [k for k in CONTROLLER_ANNOTATIONS if k in ann]
+    base = parse_int32(ann.get(BASE_PRIORITY_ANNOTATION))
+    applied = parse_int32(ann.get(APPLIED_PRIORITY_ANNOTATION))
+    raw_prio = (wl.get("spec") or {}).get("priority")
+    prio = raw_prio if isinstance(raw_prio, int) and not isinstance(raw_prio, bool) else None
+    if base is not None and prio is not None and prio != base:
+        if applied is None or prio == applied:
+            undo.priority_from, undo.priority_to = prio, base
+        else:
+            undo.kept_priority = (f"spec.priority {prio} kept (neither the applied {applied} "
+                                  f"nor the base {base}: set by someone else since)")
+    if not present and undo.priority_to is None:
+        return None
+    ops: Ops = []
+    if undo.priority_to is not None:
+        ops.append({"op": "test", "path": "/spec/priority", "value": prio})
+        ops.append({"op": "replace", "path": "/spec/priority", "value": undo.priority_to})
+    for key in present:
+        path = pointer("metadata", "annotations", key)
+        ops.append({"op": "test", "path": path, "value": ann[key]})
+        ops.append({"op": "remove", "path": path})
+    undo.remove = present
+    undo.ops = ops
+    return undo
