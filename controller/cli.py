@@ -133,7 +133,7 @@ def offline_plan_and_snapshot(
     try:
         snapshot = load_snapshot(paths)
     except SnapshotFileError as exc:
-        click.echo(f"error: cannot parse snapshot: {exc}", err=True)
+        click.echo(f"error: snapshot: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     clock = _parse_now(now) if now else (snapshot.observed or _parse_now(None))
     return compute_plan(snapshot, settings, clock), snapshot

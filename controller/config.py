@@ -7,6 +7,7 @@ a one-line change here plus its commented entry in config.yaml. Loading collects
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
@@ -94,8 +95,25 @@ def p_bool(raw: object) -> bool:
     raise ValueError("expected true or false")
 
 
+# YAML 1.2 (core schema) numbers that PyYAML, a YAML 1.1 reader, leaves as strings: 1e7,
+# 1.5E+3, 0o17, .5e-3. Kubernetes and Helm read these as numbers.
+_YAML12_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+_YAML12_OCTAL = re.compile(r"^0o[0-7]+$")
+
+
+def _yaml12_number(value: object) -> object:
+    if isinstance(value, str):
+        text = value.strip()
+        if _YAML12_OCTAL.match(text):
+            return int(text[2:], 8)
+        if _YAML12_FLOAT.match(text):
+            f = float(text)
+            return int(f) if f.is_integer() and not re.search(r"[.eE]", text) else f
+    return value
+
+
 def _number(raw: object) -> float:
-    value = _from_text(raw)
+    value = _yaml12_number(_from_text(raw))
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError("expected a number")
     f = float(value)
@@ -180,6 +198,20 @@ def p_duration(raw: object) -> float:
             raise ValueError("expected a duration: seconds, or e.g. 90s, 5m, 2h, 7d")
         return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
     return p_nonneg_float(raw)
+
+
+_PACE = "each cycle lists, plans and writes; faster would only load the API server"
+
+
+def duration_at_least(least: float, why: str) -> Callable[[object], float]:
+    """A duration parser with a lower bound (`why` says what a smaller value would break)."""
+    def parse(raw: object) -> float:
+        f = p_duration(raw)
+        if f < least:
+            raise ValueError(f"must be >= {least:g}s ({why})")
+        return f
+
+    return parse
 
 
 def _choice(*options: str) -> Callable[[object], str]:
@@ -295,10 +327,19 @@ def p_gpu_policy(raw: object) -> str:
     return value
 
 
+# The HAMi releases whose behaviour the controller knows (docs: Compatibility).
+HAMI_OLDEST, HAMI_NEWEST = (2, 5), (2, 10)
+
+
 def p_hami_version(raw: object) -> str:
     value = p_str(raw).strip()
-    if parse_hami_version(value) is None:
+    version = parse_hami_version(value)
+    if version is None:
         raise ValueError("expected a HAMi version like v2.10 or v2.7.1")
+    if version[0] != HAMI_OLDEST[0] or version < HAMI_OLDEST:
+        raise ValueError(f"unknown HAMi release: known are v{HAMI_OLDEST[0]}.{HAMI_OLDEST[1]} to "
+                         f"v{HAMI_NEWEST[0]}.{HAMI_NEWEST[1]} and later v2 releases (set the "
+                         f"newest known, v{HAMI_NEWEST[0]}.{HAMI_NEWEST[1]}, for a newer v2)")
     return value
 
 
@@ -390,7 +431,9 @@ _DEFAULT_HAMI_RULES = (HamiRule(fractional=True, node_policy="binpack", gpu_poli
 @dataclass(frozen=True, slots=True)
 class Settings:
     # --- loop and logging ---
-    loop_interval: float = setting("LOOP_INTERVAL", 10.0, p_duration, "seconds between cycles")
+    loop_interval: float = setting(
+        "LOOP_INTERVAL", 10.0, duration_at_least(1, _PACE), "seconds between cycles"
+    )
     log_level: str = setting("LOG_LEVEL", "INFO", p_log_level, "DEBUG|INFO|WARNING|ERROR")
     log_format: str = setting("LOG_FORMAT", "text", _choice("text", "json"), "text|json")
     kubeconfig_path: str = setting("KUBECONFIG_PATH", "", p_str, "empty: in-cluster/default")
@@ -494,9 +537,18 @@ class Settings:
         "CONTROLLER_NAMESPACE", "kueue-system", p_str, "namespace of Lease/ConfigMap"
     )
     kueue_namespace: str = setting("KUEUE_NAMESPACE", "kueue-system", p_str, "Kueue namespace")
-    lease_duration: float = setting("LEASE_DURATION", 15.0, p_duration, "Lease validity")
-    renew_deadline: float = setting("RENEW_DEADLINE", 10.0, p_duration, "leader stops writing")
-    retry_period: float = setting("RETRY_PERIOD", 2.0, p_duration, "Lease acquire/renew period")
+    lease_duration: float = setting(
+        "LEASE_DURATION", 15.0, duration_at_least(3, "a Lease must outlive a few renewals"),
+        "Lease validity",
+    )
+    renew_deadline: float = setting(
+        "RENEW_DEADLINE", 10.0, duration_at_least(2, "a renewal needs time to reach the API"),
+        "leader stops writing",
+    )
+    retry_period: float = setting(
+        "RETRY_PERIOD", 2.0, duration_at_least(1, "each try is a request to the API server"),
+        "Lease acquire/renew period",
+    )
     event_rate_limit: float = setting(
         "EVENT_RATE_LIMIT", 3600.0, p_duration, "one Event of a reason per object per this"
     )
@@ -516,7 +568,10 @@ class Settings:
         "CACHE_MAX_STALENESS", 120.0, p_duration,
         "not ready and no writes while the Workload/ClusterQueue cache is older than this",
     )
-    once_timeout: float = setting("ONCE_TIMEOUT", 60.0, p_duration, "--once gives up after this")
+    once_timeout: float = setting(
+        "ONCE_TIMEOUT", 60.0, duration_at_least(1, "a cycle needs at least one LIST"),
+        "--once gives up after this",
+    )
 
     # -----------------------------------------------------------------------------------------
 
@@ -629,6 +684,7 @@ DEPRECATED_KEYS = {
     "AGING_STEP": "ignored since priority model v2: priorities no longer move with the clock",
 }
 KEYS = tuple(SETTING_FIELDS)
+_DEFAULTS = Settings()
 
 
 def _cross_check(s: Settings) -> list[tuple[str, str, str]]:
@@ -710,7 +766,7 @@ def load_settings(
             if k in DEPRECATED_KEYS:
                 _warn_deprecated(str(k), str(path))
             elif k not in SETTING_FIELDS:
-                issues.append((str(k), _show(v), f"unknown key in {path}"))
+                issues.append((str(k), _show(v), f"unknown key in {path}{_did_you_mean(k)}"))
             else:
                 raw[k] = (v, str(path))
     elif config_path is not None or config_required:
@@ -727,7 +783,7 @@ def load_settings(
         if key in DEPRECATED_KEYS:
             _warn_deprecated(key, "command line")
         elif key not in SETTING_FIELDS:
-            issues.append((key, _show(value), "unknown key (command line)"))
+            issues.append((key, _show(value), f"unknown key (command line){_did_you_mean(key)}"))
         elif value is not None:
             raw[key] = (value, "command line")
 
@@ -739,10 +795,37 @@ def load_settings(
         except ValueError as exc:
             issues.append((key, _show(value), f"{exc} (from {where})"))
     settings = Settings(**values)
-    issues += _cross_check(settings)
+    issues += [_blame(issue, settings) for issue in _cross_check(settings)]
     if issues:
         raise ConfigError(issues)
     return settings
+
+
+def _did_you_mean(key: object) -> str:
+    close = difflib.get_close_matches(str(key).upper().replace("-", "_"), KEYS, n=1, cutoff=0.7)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+_KEY_WORD = re.compile(r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")
+
+
+def _blame(issue: tuple[str, str, str], settings: Settings) -> tuple[str, str, str]:
+    """A check between keys names one of them; when that one has its default and another key
+    the message mentions does not, the changed key is the one to blame."""
+    key, value, why = issue
+    if key not in SETTING_FIELDS or _changed(key, settings):
+        return issue
+    for other in _KEY_WORD.findall(why):
+        if other != key and other in SETTING_FIELDS and _changed(other, settings):
+            current = getattr(settings, SETTING_FIELDS[other].name)
+            shown = f"{current:g}" if isinstance(current, float) else _show(current)
+            return other, shown, f"{key}={value} {why}" if value else why
+    return issue
+
+
+def _changed(key: str, settings: Settings) -> bool:
+    name = SETTING_FIELDS[key].name
+    return bool(getattr(settings, name) != getattr(_DEFAULTS, name))
 
 
 def _warn_deprecated(key: str, where: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -665,8 +666,30 @@ def load_documents(paths: Iterable[str | os.PathLike[str]]) -> list[object]:
 
 def load_snapshot(paths: Iterable[str | os.PathLike[str]]) -> ClusterSnapshot:
     """Parse files into a snapshot; SnapshotFileError (with file:line:col) when one cannot be
-    parsed at all."""
-    return build_snapshot(load_documents(paths))
+    parsed at all, or when it holds no Kueue object (a plan of nothing is a wrong file, not
+    an empty cluster)."""
+    docs = load_documents(paths)
+    snapshot = build_snapshot(docs)
+    if not (snapshot.workloads or snapshot.cluster_queues or snapshot.local_queues):
+        raise SnapshotFileError(
+            f"no Kueue objects (Workloads, ClusterQueues, LocalQueues) in "
+            f"{', '.join(map(str, paths)) or 'the input'}: found {kinds_found(docs)}")
+    return snapshot
+
+
+def kinds_found(docs: Iterable[object]) -> str:
+    """What a snapshot holds, e.g. "2 Deployment (apps/v1), 1 List whose items is not a list"."""
+    counts: Counter[str] = Counter()
+    for obj in iter_items(docs):
+        if not isinstance(obj, Mapping):
+            counts[f"{type(obj).__name__} (not an object)"] += 1
+        elif str(obj.get("kind", "")).endswith("List") and "items" in obj:
+            counts[f"{obj.get('kind')} whose items is not a list"] += 1
+        elif isinstance(obj.get("kind"), str):
+            counts[f"{obj['kind']} ({obj.get('apiVersion', 'no apiVersion')})"] += 1
+        else:
+            counts["object without a kind"] += 1
+    return ", ".join(f"{n} {what}" for what, n in counts.most_common()) or "nothing"
 
 
 # CSafeLoader when libyaml is there: several times faster on big snapshots.

@@ -655,7 +655,8 @@ class LiveController:
                 log.exception("cycle failed; next cycle in %.0fs", self.settings.loop_interval)
                 self.metrics.cycles.labels("error").inc()
             last_end = time.monotonic()
-            deadline = started + self.settings.loop_interval
+            # A cycle longer than LOOP_INTERVAL still leaves a pause before the next one.
+            deadline = max(started + self.settings.loop_interval, last_end + MIN_TRIGGER_GAP)
             while not self.stop_event.is_set():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

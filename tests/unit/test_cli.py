@@ -262,3 +262,19 @@ def test_unavailable_subcommand_says_why_in_its_help() -> None:
     cmd = _unavailable("agent", "controller.agent.cli", ImportError("No module named 'pynvml'"))
     r = CliRunner().invoke(cmd, ["--help"])
     assert "cannot be imported" in r.output and "pynvml" in r.output
+
+
+@pytest.mark.parametrize(("text", "found"), [
+    ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n", "1 Deployment (apps/v1)"),
+    ("apiVersion: v1\nkind: List\nitems: oops\n", "1 List whose items is not a list"),
+    ("- 1\n- two\n", "1 int (not an object), 1 str (not an object)"),
+])
+def test_a_snapshot_without_kueue_objects_is_refused(
+    runner: CliRunner, tmp_path: Path, text: str, found: str
+) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text(text)
+    r = runner.invoke(main, ["--from-file", str(f)])
+    assert r.exit_code == 2
+    assert f"no Kueue objects (Workloads, ClusterQueues, LocalQueues) in {f}: found {found}" in (
+        r.output)

@@ -10,6 +10,7 @@ import yaml
 
 from controller.config import (
     KEYS,
+    SETTING_FIELDS,
     ConfigError,
     HamiRule,
     Settings,
@@ -154,3 +155,56 @@ def test_deprecated_key_is_accepted_with_a_warning(
     with caplog.at_level("WARNING"):
         load_settings(cfg, env={"AGING_STEP": "1h"})
     assert caplog.text.count("AGING_STEP") == 2 and "priority model v2" in caplog.text
+
+
+def _errors(tmp_path: Path, text: str) -> str:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_settings(cfg, env={})
+    return exc.value.render()
+
+
+@pytest.mark.parametrize("text", ["LOOP_INTERVAL: 0", "LOOP_INTERVAL: 10ms",
+                                  "RETRY_PERIOD: 0.1", "ONCE_TIMEOUT: 0"])
+def test_intervals_have_lower_bounds(tmp_path: Path, text: str) -> None:
+    key = text.split(":")[0]
+    assert f"  {key}=" in _errors(tmp_path, text) and "must be >= " in _errors(tmp_path, text)
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("FAIRNESS_POINTS: 1e5", 100000), ("FAIRNESS_POINTS: 1.0E+5", 100000),
+    ("AGING_COEFFICIENT: .5e1", 5.0), ("GPU_MEMORY_MIB: 0o17", 15),
+])
+def test_numbers_as_yaml_1_2_reads_them(tmp_path: Path, text: str, value: float) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text + "\n")
+    s = load_settings(cfg, env={})
+    key = text.split(":")[0]
+    assert getattr(s, SETTING_FIELDS[key].name) == value
+    assert getattr(load_settings(None, env={key: text.split(": ")[1]}),
+                   SETTING_FIELDS[key].name) == value  # the same from the environment
+
+
+def test_the_changed_key_is_blamed(tmp_path: Path) -> None:
+    text = _errors(tmp_path, "FAIRNESS_POINTS: 0\n")
+    assert "  FAIRNESS_POINTS=0: FAIRNESS_LEVELS=50 must be <= FAIRNESS_POINTS" in text
+    text = _errors(tmp_path, "FAIRNESS_LEVELS: 500\nFAIRNESS_POINTS: 100\n")
+    assert "  FAIRNESS_LEVELS=500: must be <= FAIRNESS_POINTS" in text  # both changed: as is
+    text = _errors(tmp_path, "RETRY_PERIOD: 12\n")
+    assert "  RETRY_PERIOD=12: RENEW_DEADLINE=10.0 need 0 < RETRY_PERIOD" in text
+
+
+@pytest.mark.parametrize("version", ["v3.0", "v2.4", "v1.9"])
+def test_unknown_hami_releases_are_refused(tmp_path: Path, version: str) -> None:
+    assert f"HAMI_VERSION={version}: unknown HAMi release" in _errors(
+        tmp_path, f"HAMI_VERSION: {version}\n")
+
+
+def test_unknown_keys_get_a_did_you_mean(tmp_path: Path) -> None:
+    text = _errors(tmp_path, "AGING_COEFFICENT: 2\nloop_interval: 5\nNOTHING_LIKE_IT: 1\n")
+    assert "did you mean AGING_COEFFICIENT?" in text and "did you mean LOOP_INTERVAL?" in text
+    assert "NOTHING_LIKE_IT=1: unknown key in" in text
+    assert text.count("did you mean") == 2
+    with pytest.raises(ConfigError, match="did you mean WRITE_BUDGET"):
+        load_settings(None, env={}, overrides={"WRITE_BUDGT": "3"})

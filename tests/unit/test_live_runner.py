@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from datetime import UTC, datetime, timedelta
@@ -746,3 +747,22 @@ def test_a_guard_that_does_not_land_holds_its_pools_raises_for_the_next_cycle() 
     resync(c)
     report = c.run_cycle(NOW + timedelta(seconds=10))
     assert report.applied is not None and report.applied.counts() == {"applied": 2}
+
+
+def test_a_cycle_longer_than_the_interval_still_leaves_a_pause() -> None:
+    from controller.live.runner import MIN_TRIGGER_GAP
+
+    c = LiveController(settings(LOOP_INTERVAL="1"), FakeApi(), identity="me")
+    spans: list[tuple[float, float]] = []
+
+    def slow_cycle() -> None:  # each cycle takes longer than LOOP_INTERVAL
+        start = time.monotonic()
+        time.sleep(1.2)
+        spans.append((start, time.monotonic()))
+        if len(spans) == 3:
+            c.stop_event.set()
+
+    c.run_cycle = slow_cycle  # type: ignore[method-assign]
+    c.loop()
+    gaps = [b[0] - a[1] for a, b in itertools.pairwise(spans)]
+    assert len(gaps) == 2 and all(g >= MIN_TRIGGER_GAP * 0.9 for g in gaps), gaps
