@@ -11,7 +11,6 @@ invalid (every error listed).
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import sys
 from datetime import UTC, datetime
@@ -19,7 +18,7 @@ from typing import Any, ClassVar
 
 import click
 
-from controller import __version__
+from controller import __version__, logs
 from controller.config import SETTING_FIELDS, ConfigError, Settings, load_settings
 from controller.domain import ClusterSnapshot
 from controller.parse import SnapshotFileError, load_snapshot
@@ -41,28 +40,9 @@ EXIT_BAD_INPUT = 2
 log = logging.getLogger("controller")
 
 
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        doc = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc)
-
-
 def setup_logging(settings: Settings) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if settings.log_format == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(settings.log_level)
+    """The one logging set-up of every command (controller.logs)."""
+    logs.setup_logging(settings.log_level, settings.log_format)
 
 
 def _parse_now(value: str | None) -> datetime:

@@ -31,7 +31,7 @@ from controller.domain import (
     RequeueTimestamp,
     TeamSource,
 )
-from controller.hami import NODE_POLICIES, parse_hami_version, valid_gpu_policy
+from controller.hami_values import NODE_POLICIES, parse_hami_version, valid_gpu_policy
 
 # Policy output range. Kueue priorities are int32; the boost stays well inside so base + boost
 # cannot overflow for any sane base (WorkloadPriorityClass values are usually < 1e6).

@@ -257,11 +257,6 @@ OWNER_KINDS: Mapping[str, str] = MappingProxyType({
 })
 
 
-def owner_kind_key(api_version: str, kind: str) -> str:
-    """"group/Kind" for an apiVersion ("group/version") and kind."""
-    return f"{api_version.rpartition('/')[0]}/{kind}"
-
-
 @dataclass(frozen=True, slots=True)
 class OwnerInfo:
     """A Workload's controller owner of a kind in OWNER_KINDS (a JobSet, a RayJob, ...): only

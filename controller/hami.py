@@ -5,8 +5,9 @@ Sources, first valid one wins per policy:
      or pod template) - kept as they are when valid;
   2. `wdrf.x-k8s.io/scheduling-policy` (Workload, then owner Job);
   3. HAMI_RULES (by class, LocalQueue, ClusterQueue, fractional), then HAMI_DEFAULT_*.
-HAMi silently falls back on unknown values (hami.md), so every value is validated here and a
-bad one is an InputProblem: the workload is left unchanged, nothing invalid is ever written.
+HAMi silently falls back on unknown values (docs/policy.md, "HAMi decisions"), so every value
+is validated here and a bad one is an InputProblem: the workload is left unchanged, nothing
+invalid is ever written.
 """
 
 from __future__ import annotations
@@ -33,31 +34,11 @@ from controller.domain import (
     PriorityClass,
     Workload,
 )
+from controller.hami_values import NODE_POLICIES, valid_gpu_policy
 from controller.plan import HamiDecision
 
 if TYPE_CHECKING:
     from controller.config import Settings
-
-NODE_POLICIES = ("binpack", "spread")
-GPU_POLICIES_BASE = ("binpack", "spread", "topology-aware")  # HAMi v2.7+
-GPU_POLICIES_2_10 = ("mutex", "numa")  # HAMi v2.10+, also chainable: "binpack,numa"
-
-
-def parse_hami_version(value: str) -> tuple[int, int] | None:
-    m = re.match(r"^v?([0-9]+)\.([0-9]+)(?:\.[0-9]+)?$", value)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-def valid_gpu_policy(value: str, hami_version: str) -> bool:
-    """What HAMi's GPU scheduler accepts for hami.io/gpu-scheduler-policy (see hami.md)."""
-    version = parse_hami_version(hami_version) or (2, 10)
-    if version >= (2, 10):
-        parts = value.split(",")
-        allowed = (*GPU_POLICIES_BASE, *GPU_POLICIES_2_10)
-        return bool(parts) and all(p in allowed for p in parts) and len(set(parts)) == len(parts)
-    if version >= (2, 7):
-        return value in GPU_POLICIES_BASE
-    return value in ("binpack", "spread")
 
 _FRACTION = re.compile(r"^(?:0(?:\.[0-9]+)?|1(?:\.0*)?|\.[0-9]+)$")
 

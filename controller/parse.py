@@ -1,6 +1,6 @@
 """Kubernetes objects (dicts, as `kubectl get -o yaml` or the API return them) -> domain objects.
 
-Speaks Kueue v1beta2 and v1beta1 (see kueue.md: `priorityClassRef` vs `priorityClassName`,
+Speaks Kueue v1beta2 and v1beta1 (Kueue's API reference: `priorityClassRef` vs `priorityClassName`,
 `cohortName` vs `cohort`), batch/v1 Jobs and v1 Nodes (via `controller.inventory` when present).
 One bad object never stops the rest: it becomes an InputProblem naming the object and field.
 Only a file that cannot be read or parsed at all raises `SnapshotFileError`.

@@ -131,10 +131,6 @@ class WorkloadDecision:
     # wdrf.x-k8s.io/priority-terms to write with the priority ("" = write nothing).
     terms: str = ""
 
-    @property
-    def effective_target(self) -> int:
-        return self.target_priority
-
 
 @dataclass(frozen=True, slots=True)
 class Plan:

@@ -17,7 +17,7 @@ import os
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 from controller.domain import PriorityClass
@@ -294,7 +294,3 @@ def size_cluster(
     demand = offered_load(jobs, 1, period.start, period.end)  # mean GPUs over the period
     nodes = max(1, round(demand / target_load / node_gpus))
     return nodes
-
-
-def fmt_time(epoch: datetime, t: float) -> str:
-    return (epoch + timedelta(seconds=t)).strftime("%Y-%m-%d %H:%M")

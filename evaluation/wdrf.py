@@ -189,11 +189,8 @@ class WdrfKueue(Policy):
 
     def on_evict(self, job: SimJob, now: float, reason: str) -> None:
         w = self.wl[job.job_id]
-        changes: dict[str, object] = {"quota_reserved": False, "admitted": False,
-                                      "admission": None}
-        if "last_eviction" in Workload.__dataclass_fields__:
-            changes["last_eviction"] = self.epoch + timedelta(seconds=now)
-        self.wl[job.job_id] = replace(w, **changes)  # type: ignore[arg-type]
+        self.wl[job.job_id] = replace(w, quota_reserved=False, admitted=False, admission=None,
+                                      last_eviction=self.epoch + timedelta(seconds=now))
         self.dirty = True
 
     # -- the controller cycle ------------------------------------------------------------------

@@ -22,6 +22,7 @@ from controller.agent.nvml import NoDriverError, NvmlReader
 from controller.agent.publish import KubeError, NodeClient
 from controller.agent.runner import Agent, AgentConfig
 from controller.inventory import encode_agent_inventory
+from controller.logs import setup_logging
 
 EXIT_TROUBLE = 1
 EXIT_NO_DRIVER = 2
@@ -183,9 +184,7 @@ def agent(
     log_level: str,
 ) -> None:
     """Per-node GPU agent: NVML inventory, health and utilisation for WDRF capacity."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(log_level.upper())
     publish = not no_publish
     if publish and not node_name:
         raise click.UsageError("--node-name (NODE_NAME) is required unless --no-publish")

@@ -10,12 +10,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
 from controller.agent.publish import COMPONENT, KubeError, NodeEvent, NodeInfo
+from controller.live import kube as live_kube
 from controller.live.api import MERGE_PATCH
 
 EVENT_NAMESPACE = "default"  # the only namespace the API accepts for Events about Nodes
@@ -29,17 +30,12 @@ def _why(e: Exception) -> str:
 
 def load_api_client(kubeconfig: str | None = None,
                     context: str | None = None) -> client.ApiClient:
-    """From a kubeconfig file (and context) when given, else the in-cluster ServiceAccount."""
+    """`controller.live.kube.load_api_client`, its failures as the agent's `KubeError`."""
     try:
-        if kubeconfig:
-            api: client.ApiClient = config.new_client_from_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, context=context
-            )
-            return api
-        cfg = client.Configuration()
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return client.ApiClient(cfg)
-    except (ConfigException, OSError) as e:
+        api: client.ApiClient = live_kube.load_api_client(
+            kubeconfig, context, hint="pass --kubeconfig PATH (or set KUBECONFIG)")
+        return api
+    except (ConfigException, OSError, RuntimeError) as e:
         where = kubeconfig or "in-cluster ServiceAccount"
         raise KubeError(f"cannot load Kubernetes credentials ({where}): {e}") from e
 

@@ -27,11 +27,19 @@ STREAM_SILENCE = 120.0  # seconds without a byte on a watch: the connection is d
 POOL_SIZE = 32
 
 
-def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """An authenticated `kubernetes.client.ApiClient`.
+NO_CREDENTIALS_HINT = (
+    "pass --kubeconfig PATH (or set KUBECONFIG or KUBECONFIG_PATH), or plan offline:"
+    " python -m controller --from-file examples/cluster-snapshot.yaml"
+)
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None,
+                    hint: str = NO_CREDENTIALS_HINT) -> Any:
+    """An authenticated `kubernetes.client.ApiClient` (the controller's, the admin commands'
+    and the node agent's).
 
     Order: an explicit kubeconfig, $KUBECONFIG / ~/.kube/config, then the in-cluster
-    service account.
+    service account. Without any: RuntimeError saying so, then `hint`.
     """
     configuration = k8s_client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
@@ -46,9 +54,7 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
             )
         except k8s_config.ConfigException as e:
             raise RuntimeError(
-                f"no kubeconfig at {path} and not running in a cluster ({e}); pass"
-                " --kubeconfig PATH (or set KUBECONFIG or KUBECONFIG_PATH), or plan offline:"
-                " python -m controller --from-file examples/cluster-snapshot.yaml"
+                f"no kubeconfig at {path} and not running in a cluster ({e}); {hint}"
             ) from e
     configuration.connection_pool_maxsize = POOL_SIZE
     return k8s_client.ApiClient(configuration)

@@ -99,7 +99,7 @@ def bounded(what: str, seconds: float, stop: threading.Event, work: Callable[[],
 
 def run_live(settings: Settings, dry_run: bool, once: bool, output: str) -> int:
     """`python -m controller` without --from-file. Returns the process exit code."""
-    from controller.live.logs import setup_logging
+    from controller.logs import setup_logging
 
     setup_logging(settings.log_level, settings.log_format)
     logging.getLogger("urllib3").setLevel(logging.ERROR)  # we log failed requests ourselves

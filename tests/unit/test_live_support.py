@@ -22,9 +22,9 @@ from controller.live.discovery import (
     resolve_mode,
 )
 from controller.live.history import HistoryStore
-from controller.live.logs import JsonFormatter
 from controller.live.metrics import Health, HttpServer, Metrics
 from controller.live.snapshot import needs_prompt_cycle
+from controller.logs import JsonFormatter
 from controller.plan import PriorityMode
 from tests.support.fake import FakeApi
 
