@@ -264,6 +264,66 @@ def admitted_usage(w: Workload, card_memory_mib: float | None) -> Vector:
     return out
 
 
+def pending_demand(w: Workload, card_memory_mib: float | None) -> Vector:
+    """What a pending Workload will reserve once admitted, in `admitted_usage`'s dimensions
+    before Kueue picks flavors: requests x count, GPUs as GPU-equivalents."""
+    out: Vector = {}
+    for ps in w.pod_sets:
+        for c in ps.containers:
+            for name, q in c.resources.items():
+                if name not in _GPU_RESOURCES:
+                    _add(out, name, float(q) * ps.count)
+    eq, cores, mem = pod_sets_gpu(w.pod_sets, card_memory_mib)
+    if eq:
+        _add(out, GPU, eq)
+        _add(out, GPUCORES, cores)
+        _add(out, GPUMEM_PERCENTAGE, mem)
+    return out
+
+
+def demand_dimensions(cap: Mapping[str, float]) -> dict[str, str]:
+    """resource -> the pool dimension a pending demand is counted in: the resource's only
+    flavor there; a resource with several flavors (or none) is counted against all of them
+    together (its unflavored dimension), since Kueue has not picked one yet."""
+    flavored: dict[str, list[str]] = {}
+    for dim in cap:
+        resource = resource_of(dim)
+        if dim != resource:
+            flavored.setdefault(resource, []).append(dim)
+    return {r: dims[0] for r, dims in flavored.items() if len(dims) == 1}
+
+
+def prospective_base(usage: Mapping[str, float], cap: Mapping[str, float],
+                     single: Mapping[str, str]) -> Vector:
+    """A team's usage seen in the dimensions pending demands are counted in, so usage + demand
+    add up: a resource with several flavors also gets its total over flavors; usage recorded
+    without a flavor also counts in the flavor of a resource that has only one."""
+    out: Vector = dict(usage)
+    for dim, amount in usage.items():
+        resource = resource_of(dim)
+        if dim != resource:
+            if resource not in single and resource in cap:
+                _add(out, resource, amount)
+        elif resource in single:
+            _add(out, single[resource], amount)
+    return out
+
+
+def weighted_share(vec: Mapping[str, float], cap: Mapping[str, float],
+                   settings: Settings, team_weight_value: float) -> float:
+    """Weighted dominant share of a vector (the lean form of `team_share`)."""
+    weights = settings.resource_weights
+    best = 0.0
+    for dim, amount in vec.items():
+        c = cap.get(dim, 0.0)
+        w = weights.get(resource_of(dim), 0.0)
+        if c > 0 and w > 0:
+            s = amount / c * w / team_weight_value
+            if s > best:
+                best = s
+    return best
+
+
 def _fresh(inv: NodeInventory, now: datetime, max_age: float) -> bool:
     if inv.observed is None:
         return False

@@ -26,6 +26,7 @@ from controller.domain import (
     GPUCORES,
     GPUMEM_PERCENTAGE,
     MEMORY,
+    ApprovedScope,
     PriorityClass,
     PriorityMode,
     RequeueTimestamp,
@@ -231,6 +232,17 @@ def p_requeue_timestamp(raw: object) -> RequeueTimestamp:
     return RequeueTimestamp(_choice(*(t.value for t in RequeueTimestamp))(raw))
 
 
+def p_approved_scope(raw: object) -> ApprovedScope:
+    return ApprovedScope(_choice(*(s.value for s in ApprovedScope))(raw))
+
+
+def p_reclaim_margin(raw: object) -> float:
+    value = _number(raw)
+    if not 0 <= value <= 10:
+        raise ValueError("expected 0..10 (a fraction of the entitlement)")
+    return value
+
+
 def p_team_source(raw: object) -> TeamSource:
     return TeamSource(_choice(*(t.value for t in TeamSource))(raw))
 
@@ -265,7 +277,15 @@ def p_weights(raw: object) -> Mapping[str, float]:
     return MappingProxyType(out)
 
 
+# TEAM_WEIGHTS: auto - each team's weight is Kueue's fairSharing.weight of the ClusterQueue (or,
+# with Admission Fair Sharing, the LocalQueue) that team alone uses; the identity of this empty
+# mapping is the flag.
+AUTO_TEAM_WEIGHTS: Mapping[str, float] = MappingProxyType({})
+
+
 def p_team_weights(raw: object) -> Mapping[str, float]:
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return AUTO_TEAM_WEIGHTS
     out = p_weights(raw)
     for k, w in out.items():
         if not MIN_TEAM_WEIGHT <= w <= MAX_TEAM_WEIGHT:
@@ -475,6 +495,29 @@ class Settings:
         "APPROVED_PREEMPTS_NORMAL", False, p_bool,
         "admitted normal Workloads may be preempted by approved ones (where the queue allows)",
     )
+    approved_scope: ApprovedScope = setting(  # noqa: RUF009 - setting() returns a field
+        "APPROVED_SCOPE", ApprovedScope.GLOBAL, p_approved_scope,
+        "team: approval orders the team's own work, may preempt its own normal work and ranks "
+        "at most at its team's head across teams; global: the approved band above all normal",
+    )
+    # --- reclaim inside a ClusterQueue (through Kueue's withinClusterQueue preemption) ---
+    reclaim_enabled: bool = setting(
+        "RECLAIM_ENABLED", False, p_bool,
+        "lower the guard of an over-entitled team's Workloads so an under-served team's "
+        "Workload of the same class can preempt them (ClusterQueues that preempt only)",
+    )
+    reclaim_margin: float = setting(
+        "RECLAIM_MARGIN", 0.2, p_reclaim_margin,
+        "a team is reclaimed from only above (1 + this) x its entitlement",
+    )
+    min_runtime: float = setting(
+        "MIN_RUNTIME", 1800.0, p_duration,
+        "an admitted Workload is reclaimable only after running this long",
+    )
+    reclaim_budget_per_hour: int = setting(
+        "RECLAIM_BUDGET_PER_HOUR", 10, p_nonneg_int,
+        "per pool: Workloads made reclaimable at once, less preemptions in the last hour",
+    )
     requeue_timestamp: str = setting(
         "REQUEUE_TIMESTAMP", "auto", _choice("auto", "eviction", "creation"),
         "where a requeued Workload's wait starts (auto: Kueue's config, else eviction)",
@@ -491,7 +534,9 @@ class Settings:
     )
     team_label_key: str = setting("TEAM_LABEL_KEY", "wdrf.x-k8s.io/team", p_str, "label key")
     team_weights: Mapping[str, float] = setting(
-        "TEAM_WEIGHTS", {}, p_team_weights, "team -> weight (default 1)"
+        "TEAM_WEIGHTS", {}, p_team_weights,
+        "team -> weight (default 1); auto: Kueue's fairSharing.weight of the ClusterQueue "
+        "(or LocalQueue) the team alone uses",
     )
     team_namespaces: Mapping[str, str] = setting(
         "TEAM_NAMESPACES", {}, p_team_namespaces, "namespace -> team (default: the namespace)"
@@ -582,6 +627,20 @@ class Settings:
         """The floor of a class's band."""
         return self.class_weight(cls) * self.priority_class_unit
 
+    def team_scoped_approval(self) -> bool:
+        return self.approved_scope is ApprovedScope.TEAM
+
+    def pending_class_term(self, cls: PriorityClass) -> int:
+        """The floor of the band a pending Workload of `cls` is written in: its class term,
+        except team-scoped approval, which sits one point above the normal band's floor (it
+        ranks at its team's head, docs/policy.md)."""
+        if cls is PriorityClass.APPROVED and self.team_scoped_approval():
+            return self.class_term(PriorityClass.NORMAL) + 1
+        return self.class_term(cls)
+
+    def weights_from_kueue(self) -> bool:
+        return self.team_weights is AUTO_TEAM_WEIGHTS
+
     def aging_span(self) -> int:
         """Largest aging term: the cap plus one rebase period (docs/policy.md)."""
         return math.floor(self.aging_coefficient * (self.max_aging_time + self.rebase_period))
@@ -592,8 +651,12 @@ class Settings:
 
     def protected_class(self, cls: PriorityClass) -> PriorityClass:
         """The highest class of pending work that must not preempt admitted work of class
-        `cls`: its own class; approved for normal unless APPROVED_PREEMPTS_NORMAL."""
-        if cls is PriorityClass.NORMAL and not self.approved_preempts_normal:
+        `cls`: its own class; approved for normal unless APPROVED_PREEMPTS_NORMAL (global scope;
+        with team-scoped approval a team's approved work reaches only its own normal work,
+        through the plan's exposures)."""
+        if cls is PriorityClass.NORMAL and (
+            self.team_scoped_approval() or not self.approved_preempts_normal
+        ):
             return PriorityClass.APPROVED
         return cls
 
@@ -601,7 +664,7 @@ class Settings:
         """Priority of an admitted Workload of class `cls` where preemption can reach it:
         strictly above every pending Workload that must not preempt it (`protected_class` and
         below), so aging and fairness never evict."""
-        return self.class_term(self.protected_class(cls)) + self.band_span() + 1
+        return self.pending_class_term(self.protected_class(cls)) + self.band_span() + 1
 
     def max_score(self) -> int:
         """Largest priority the policy writes (without override): the urgent guard."""
@@ -616,7 +679,7 @@ class Settings:
         a lower class (math.inf if aging can never close that gap before MAX_AGING_TIME). The
         default, `by=URGENT`, bounds overtaking by all later arrivals. See docs/policy.md."""
         gap = (
-            self.class_term(by) - self.class_term(PriorityClass.NORMAL)
+            self.pending_class_term(by) - self.pending_class_term(PriorityClass.NORMAL)
             + self.fairness_points + 2 * self.base_priority_cap
         )
         if self.aging_coefficient <= 0:
@@ -662,6 +725,11 @@ class Settings:
                 "cannot close the gap between approved and normal; a normal workload can be "
                 "overtaken indefinitely by later approved work"
             )
+        if self.approved_preempts_normal and self.team_scoped_approval():
+            out.append(
+                "APPROVED_PREEMPTS_NORMAL is ignored with APPROVED_SCOPE=team: approved work "
+                "preempts its own team's normal work there, and no other team's"
+            )
         odd = sorted(r for r in self.resource_weights if "/" not in r
                      and r not in ("cpu", "memory", "ephemeral-storage", "pods")
                      and not r.startswith("hugepages-"))
@@ -703,7 +771,7 @@ def _cross_check(s: Settings) -> list[tuple[str, str, str]]:
                 f"FAIRNESS_POINTS + 2 x BASE_PRIORITY_CAP must be < smallest class gap x "
                 f"PRIORITY_CLASS_UNIT = {gap}, or shares could reorder classes",
             ))
-        if s.approved_preempts_normal and not (
+        if s.approved_preempts_normal and not s.team_scoped_approval() and not (
             s.class_term(PriorityClass.APPROVED) > s.guard(PriorityClass.NORMAL)
         ):
             issues.append((

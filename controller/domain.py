@@ -74,6 +74,13 @@ class PriorityMode(enum.Enum):
     AUTO = "auto"  # boost when the gate is on, else spec (resolved by the live controller)
 
 
+class ApprovedScope(enum.Enum):
+    """How far a team lead's approval reaches."""
+
+    TEAM = "team"  # orders the team's own work and may preempt its own normal work
+    GLOBAL = "global"  # the approved band, above every team's normal work
+
+
 class RequeueTimestamp(enum.Enum):
     """Kueue's `waitForPodsReady.requeuingStrategy.timestamp`: where a requeued Workload's
     wait starts."""

@@ -119,3 +119,13 @@ def guard_terms(
 ) -> str:
     return (f"{TERMS_VERSION} class={cls.value} team={team} pool={pool} state=admitted"
             f" override={'-' if override is None else override} priority={priority}")
+
+
+def exposed_terms(
+    cls: PriorityClass, team: str, pool: str, state: str, for_teams: tuple[str, ...],
+    over_entitlement: float, priority: int,
+) -> str:
+    """An admitted Workload exposed to preemption by some teams' pending Workloads."""
+    return (f"{TERMS_VERSION} class={cls.value} team={team} pool={pool} state={state}"
+            f" for={','.join(for_teams)} over={over_entitlement:.2f} override=-"
+            f" priority={priority}")

@@ -10,6 +10,7 @@ Workload has its priority. `change_is_eventful` reads some of them.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ from controller.workload import TERMS_VERSION, Terms
 
 __all__ = [
     "TERMS_VERSION",
+    "Exposure",
+    "ExposureReason",
     "HamiDecision",
     "Plan",
     "PriorityBreakdown",
@@ -54,6 +57,24 @@ class TeamShare:
     usage_over_entitlement: float = 0.0
 
 
+class ExposureReason(enum.Enum):
+    """Why an admitted Workload's guard is lowered."""
+
+    RECLAIM = "reclaim"  # its team is over its entitlement; an under-served team waits
+    TEAM_APPROVAL = "team-approval"  # its own team lead approved other work of the team
+
+
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    """An admitted Workload whose priority is lowered just below the pending Workloads that
+    may preempt it, and above every other pending Workload: Kueue's preemption then takes it
+    for those only (docs/policy.md, "Reclaim")."""
+
+    reason: ExposureReason
+    for_teams: tuple[str, ...]  # the teams whose pending Workloads may preempt it
+    over_entitlement: float  # its team's usage over entitlement (U/S) in the pool
+
+
 @dataclass(frozen=True, slots=True)
 class PriorityBreakdown:
     """Why a Workload gets its priority: every term of the encoding (docs/policy.md)."""
@@ -77,6 +98,13 @@ class PriorityBreakdown:
     priority: int  # the effective priority Kueue sees: what all the terms add up to
     guard: bool = False  # admitted: the class guard value, not the pending encoding
     clamped: str = ""  # why the value was clamped (int32 / boost range), empty when not
+    # Pending: the team's weighted dominant share now; `dominant_share` is the prospective one
+    # (the team's usage, its Workloads queued ahead of this one in the pool, and this one).
+    team_share: float = 0.0
+    # Pending, team-scoped approval: the wait is credited from its team's longest-waiting
+    # Workload of the pool when that one waited longer (it takes the team's head).
+    credited_since: datetime | None = None
+    exposure: Exposure | None = None  # admitted: the lowered guard, when it is lowered
 
     @property
     def score(self) -> int:

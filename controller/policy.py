@@ -21,8 +21,7 @@ Admitted: the class guard (`Settings.guard`), above every pending Workload that 
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from types import MappingProxyType
@@ -36,20 +35,26 @@ from controller.accounting import (
     admitted_usage,
     card_memory,
     cluster_capacity,
+    demand_dimensions,
     fairness_level,
     gpu_inventory,
     level_points,
+    pending_demand,
     pool_capacities,
     pool_of,
+    prospective_base,
     resource_of,
     resource_problems,
     team_of,
     team_share,
+    team_weight,
+    weighted_share,
 )
 from controller.classify import Classified, clamp_int32, classify, implied_base
 from controller.config import INT32_MAX, INT32_MIN, Settings
 from controller.domain import (
     PRIORITY_TERMS_ANNOTATION,
+    ApprovedScope,
     ClusterQueue,
     ClusterSnapshot,
     InputProblem,
@@ -62,6 +67,7 @@ from controller.domain import (
 from controller.encoding import (
     aging_term,
     base_term,
+    exposed_terms,
     guard_terms,
     iso,
     pending_terms,
@@ -70,7 +76,16 @@ from controller.encoding import (
     requeue_mode,
 )
 from controller.hami import decide_hami
-from controller.plan import HamiDecision, Plan, PriorityBreakdown, TeamShare, WorkloadDecision
+from controller.plan import (
+    Exposure,
+    ExposureReason,
+    HamiDecision,
+    Plan,
+    PriorityBreakdown,
+    TeamShare,
+    WorkloadDecision,
+    parse_terms,
+)
 
 __all__ = ["clamp_int32", "compute_plan", "implied_base"]
 
@@ -201,28 +216,30 @@ class Accounts:
     history: UsageHistory | None
     card_mib: float | None
     capacity_known: bool
+    usage: Mapping[PoolTeam, Mapping[str, float]]  # what the shares are computed from
+    current: Mapping[PoolTeam, Mapping[str, float]]  # admitted usage now (no history)
+    capacity: Mapping[str, Vector]  # per pool; the whole cluster for an unknown pool
+    total_weight: Mapping[str, float]  # W per pool
 
 
 def _history_key(pool: str, team: str) -> str:
     return f"{pool}|{team}"
 
 
-def _previous_levels(members: Iterable[Member], levels: int) -> dict[PoolTeam, int]:
-    """The level each (pool, team) had in the last plan, read back from the priority-terms
-    annotation the controller wrote on its pending Workloads (most common value; ties: the
-    lower). Pure: a restarted controller keeps its hysteresis."""
-    seen: dict[PoolTeam, Counter[int]] = {}
-    suffix = f"/{levels} "
-    for m in members:
-        text = m.workload.annotations.get(PRIORITY_TERMS_ANNOTATION)
-        if not text or f" pool={m.pool} " not in text or f" team={m.team} " not in text:
-            continue
-        start = text.find(" level=")
-        end = text.find(suffix, start)
-        if start < 0 or end < 0 or not text[start + 7:end].isdigit():
-            continue
-        seen.setdefault((m.pool, m.team), Counter())[int(text[start + 7:end])] += 1
-    return {k: min(c.items(), key=lambda kv: (-kv[1], kv[0]))[0] for k, c in seen.items()}
+def _previous_level(w: Workload, pool: str, team: str, levels: int) -> int | None:
+    """The fairness level the last plan gave this Workload, read back from the priority-terms
+    annotation the controller wrote on it (same pool and team only). Pure: a restarted
+    controller keeps its hysteresis."""
+    text = w.annotations.get(PRIORITY_TERMS_ANNOTATION)
+    if not text:
+        return None
+    terms = parse_terms(text)
+    if terms.get("pool") != pool or terms.get("team") != team:
+        return None
+    level, sep, of = terms.get("level", "").partition("/")
+    if not sep or of != str(levels) or not level.isdigit():
+        return None
+    return int(level)
 
 
 def account(
@@ -277,16 +294,18 @@ def account(
         usage = combined
 
     shares_raw: dict[PoolTeam, TeamShare] = {}
+    pool_caps: dict[str, Vector] = {}
     for pt in sorted(set(usage) | present):
-        cap = capacities.get(pt[0]) or whole
+        cap = pool_caps.setdefault(pt[0], capacities.get(pt[0]) or whole)
         shares_raw[pt] = team_share(pt[1], usage.get(pt, {}), cap, settings, pt[0])
     active = active_weights(shares_raw, present, settings)
 
-    previous = _previous_levels(pending, settings.fairness_levels)
+    # The team's own level (no hysteresis) is what metrics and the team table show; each
+    # pending Workload gets its own level from its prospective share (`score_pending`).
     shares: dict[PoolTeam, TeamShare] = {}
     for pt, ts in shares_raw.items():
         total = active.get(pt[0], 0.0)
-        level = fairness_level(ts.dominant_share, total, settings, previous.get(pt))
+        level = fairness_level(ts.dominant_share, total, settings)
         shares[pt] = replace(ts, level=level, fairness_term=level_points(level, settings),
                              usage_over_entitlement=ts.dominant_share * total)
     weighted = {resource_of(d) for vec in capacities.values() for d, q in vec.items() if q > 0}
@@ -297,6 +316,10 @@ def account(
         history=new_history,
         card_mib=card_mib,
         capacity_known=any(settings.resource_weights.get(r, 0) > 0 for r in weighted),
+        usage=MappingProxyType(dict(usage)),
+        current=MappingProxyType(dict(current)),
+        capacity=MappingProxyType(pool_caps),
+        total_weight=MappingProxyType(active),
     )
 
 
@@ -318,6 +341,8 @@ class Scored:
     boost: int
     breakdown: PriorityBreakdown | None  # None: left unchanged (bad input)
     terms: str
+    demand: Vector | None = None  # what it will reserve, in its pool's dimensions
+    share: float = 0.0  # prospective weighted dominant share (its team's, once it is admitted)
 
 
 def kueue_priority(w: Workload, c: Classified) -> int:
@@ -338,21 +363,48 @@ class _ClassTerms:
 
     def __init__(self, settings: Settings) -> None:
         self.weight = {c: settings.class_weight(c) for c in PriorityClass}
-        self.term = {c: settings.class_term(c) for c in PriorityClass}
+        self.term = {c: settings.pending_class_term(c) for c in PriorityClass}
         self.guard = {c: settings.guard(c) for c in PriorityClass}
+
+
+# A team's own queue order: class first, then wait, then UID (Kueue's order inside a class).
+_CLASS_RANK = {PriorityClass.URGENT: 0, PriorityClass.APPROVED: 1, PriorityClass.NORMAL: 2}
+
+
+def _team_order_key(s: Scored) -> tuple[int, datetime, str]:
+    return (_CLASS_RANK[s.classified.priority_class], s.since, s.member.workload.uid)
+
+
+class _Demands:
+    """Pending demands in each pool's dimensions (one flavor map per pool)."""
+
+    def __init__(self, acc: Accounts) -> None:
+        self._acc = acc
+        self._single: dict[str, dict[str, str]] = {}
+
+    def single(self, pool: str) -> dict[str, str]:
+        found = self._single.get(pool)
+        if found is None:
+            found = self._single[pool] = demand_dimensions(self._acc.capacity.get(pool, {}))
+        return found
+
+    def of(self, w: Workload, pool: str) -> Vector:
+        single = self.single(pool)
+        return {single.get(d, d): q for d, q in pending_demand(w, self._acc.card_mib).items()}
 
 
 def score_pending(
     acc: Accounts, g: Gathered, snapshot: ClusterSnapshot, settings: Settings, now: datetime,
 ) -> list[Scored]:
+    """Score every pending Workload. Fairness is DRF's progressive filling: a Workload's level
+    comes from its team's prospective weighted dominant share - the team's usage in the pool,
+    plus its Workloads queued ahead of this one there (`_team_order_key`), plus this one - so
+    freed quota goes to teams in DRF's order, and admitting one of a team's Workloads leaves
+    the others' values as they were (usage grows by what the queue ahead shrinks by)."""
     mode = requeue_mode(snapshot.requeue_timestamp, settings)
-    ref = reference(now, settings.rebase_period)
-    ref_ts, ref_iso = ref.timestamp(), iso(ref)
-    now_ts = now.timestamp()
-    levels = settings.fairness_levels
-    classes = _ClassTerms(settings)
     hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
     out: list[Scored] = []
+    teams: dict[PoolTeam, list[Scored]] = {}
     for m in acc.pending:
         w, job = m.workload, m.job
         c = classify(w, job)
@@ -367,33 +419,80 @@ def score_pending(
         if p:
             problems += p
             blocking = True
-        since = queued_since(w, mode)
-        if blocking:
-            out.append(Scored(m, c, tuple(problems), hami, since, kueue_priority(w, c),
-                              c.current_boost or 0, None, ""))
-            continue
-        since_ts = since.timestamp()
-        ts = acc.shares[(m.pool, m.team)]
-        aging = aging_term(since_ts, ref_ts, settings)
+        s = Scored(m, c, tuple(problems), hami, queued_since(w, mode), kueue_priority(w, c),
+                   c.current_boost or 0, None, "")
+        out.append(s)
+        if not blocking:
+            teams.setdefault((m.pool, m.team), []).append(s)
+    demands = _Demands(acc)
+    for (pool, team), queue in teams.items():
+        queue.sort(key=_team_order_key)
+        _score_team(pool, team, queue, acc, demands, settings, now)
+    return out
+
+
+def _score_team(
+    pool: str, team: str, queue: list[Scored], acc: Accounts, demands: _Demands,
+    settings: Settings, now: datetime,
+) -> None:
+    """Progressive filling over one team's queue in one pool (already in team order)."""
+    ref = reference(now, settings.rebase_period)
+    ref_ts, ref_iso = ref.timestamp(), iso(ref)
+    now_ts = now.timestamp()
+    levels = settings.fairness_levels
+    classes = _ClassTerms(settings)
+    cap = acc.capacity.get(pool, {})
+    total = acc.total_weight.get(pool, 0.0)
+    tw = team_weight(team, settings)
+    weights = settings.resource_weights
+    ts = acc.shares[(pool, team)]
+    vec = prospective_base(acc.usage.get((pool, team), {}), cap, demands.single(pool))
+    share = weighted_share(vec, cap, settings, tw)
+    dominant = ts.dominant_resource
+    team_scope = settings.approved_scope is ApprovedScope.TEAM
+    head_since = min((s.since for s in queue
+                      if s.classified.priority_class is PriorityClass.NORMAL), default=None)
+    ceiling = levels  # levels never rise along the team's order
+    for s in queue:
+        m, c = s.member, s.classified
+        w = m.workload
+        demand = demands.of(w, pool)
+        for dim, q in demand.items():
+            vec[dim] = vec.get(dim, 0.0) + q
+            cd, rw = cap.get(dim, 0.0), weights.get(resource_of(dim), 0.0)
+            if cd > 0 and rw > 0 and vec[dim] / cd * rw / tw > share:
+                share, dominant = vec[dim] / cd * rw / tw, dim
+        s.demand, s.share = demand, share
+        level = min(ceiling, fairness_level(share, total, settings,
+                                            _previous_level(w, pool, team, levels)))
+        ceiling = level
+        fairness = level_points(level, settings)
         cls = c.priority_class
+        credited = s.since
+        if team_scope and cls is PriorityClass.APPROVED and head_since is not None \
+                and head_since < credited:
+            credited = head_since
+        since_ts = credited.timestamp()
+        aging = aging_term(since_ts, ref_ts, settings)
         bterm = base_term(c.base, settings)
         if c.override is not None:
             target = c.override
         else:
-            target = classes.term[cls] + bterm + ts.fairness_term + aging
+            target = classes.term[cls] + bterm + fairness + aging
         boost, clamped = _boost(target, c.base)
+        problems = s.problems
         if clamped:
-            problems.append(InputProblem(w.ref, "spec.priority", str(c.base), clamped))
-        breakdown = PriorityBreakdown(
-            cls, classes.weight[cls], classes.term[cls], m.team, m.pool,
-            ts.dominant_resource, ts.dominant_share, ts.level, ts.fairness_term,
-            since, max(now_ts - since_ts, 0.0), ref, aging, c.base, bterm, c.override, target,
-            False, clamped,
+            problems = (*problems, InputProblem(w.ref, "spec.priority", str(c.base), clamped))
+        s.breakdown = PriorityBreakdown(
+            cls, classes.weight[cls], classes.term[cls], team, pool,
+            dominant, share, level, fairness,
+            s.since, max(now_ts - s.since.timestamp(), 0.0), ref, aging, c.base, bterm,
+            c.override, target, False, clamped, ts.dominant_share,
+            credited if credited != s.since else None,
         )
-        terms = pending_terms(cls, m.team, m.pool, ts.level, levels, ts.fairness_term,
-                              iso(since), ref_iso, c.base, c.override, target)
-        out.append(Scored(m, c, tuple(problems), hami, since, target, boost, breakdown, terms))
-    return out
+        s.target, s.boost, s.problems = target, boost, problems
+        s.terms = pending_terms(cls, team, pool, level, levels, fairness, iso(credited),
+                                ref_iso, c.base, c.override, target)
 
 
 def preempting_pools(queues: Iterable[ClusterQueue]) -> frozenset[str]:
@@ -436,21 +535,262 @@ def _protected_from(settings: Settings) -> Mapping[PriorityClass, tuple[Priority
     `Settings.protected_class` and every class below it."""
     out: dict[PriorityClass, tuple[PriorityClass, ...]] = {}
     for cls in PriorityClass:
-        limit = settings.class_term(settings.protected_class(cls))
-        out[cls] = tuple(p for p in PriorityClass if settings.class_term(p) <= limit)
+        limit = settings.pending_class_term(settings.protected_class(cls))
+        out[cls] = tuple(p for p in PriorityClass if settings.pending_class_term(p) <= limit)
     return out
 
 
+# --------------------------------------------------------------------------------------------
+# preempt: which admitted Workloads Kueue's preemption may take, and for whom
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """An admitted Workload the plan exposes: `allowed` says which pending Workloads (scored,
+    of its pool) may preempt it; every other pending Workload it protects must stay below."""
+
+    exposure: Exposure
+    allowed: Callable[[Scored], bool]
+
+
+_STATE = {ExposureReason.RECLAIM: "reclaimable", ExposureReason.TEAM_APPROVAL: "yielding"}
+
+
+def _size(vec: Mapping[str, float], cap: Mapping[str, float]) -> float:
+    """The largest fraction of the pool's capacity a vector takes in any dimension."""
+    return max((q / cap[d] for d, q in vec.items() if cap.get(d, 0.0) > 0), default=0.0)
+
+
+def _sum(vectors: Iterable[Mapping[str, float]]) -> Vector:
+    out: Vector = {}
+    for vec in vectors:
+        for d, q in vec.items():
+            out[d] = out.get(d, 0.0) + q
+    return out
+
+
+def _fits(demand: Mapping[str, float], free: Mapping[str, float]) -> bool:
+    return all(q <= free.get(d, 0.0) + 1e-9 for d, q in demand.items() if q > 0)
+
+
+def _free(acc: Accounts, pool: str) -> Vector:
+    """The pool's capacity no admitted Workload holds now (in its own dimensions)."""
+    cap = acc.capacity.get(pool, {})
+    used = _sum(v for (p, _t), v in acc.current.items() if p == pool)
+    return {d: c - used.get(d, 0.0) for d, c in cap.items()}
+
+
+class _Exposer:
+    """Chooses the plan's victims, per ClusterQueue that preempts within itself (Kueue's
+    `withinClusterQueue`: only pending Workloads of the same ClusterQueue can take them).
+
+    * Team-scoped approval: a team's pending approved Workloads may preempt that team's own
+      admitted normal Workloads, and no other team's.
+    * Reclaim (RECLAIM_ENABLED): a team above (1 + RECLAIM_MARGIN) x its entitlement yields
+      Workloads that ran at least MIN_RUNTIME to pending Workloads of the same class from
+      teams below their entitlement, and only to those that would not end above it.
+
+    Victims go most recently started first (the least work lost), only as many as the
+    allowed pending Workloads need, and none while those fit in free capacity; reclaim also
+    stops at the pool's budget and before the victim's team falls to its margin."""
+
+    def __init__(self, acc: Accounts, settings: Settings, now: datetime,
+                 admitted_classes: Mapping[str, Classified]) -> None:
+        self.acc, self.settings, self.now = acc, settings, now
+        self.classes = admitted_classes
+        self.out: dict[str, Victim] = {}
+        self.budget: dict[str, int] = {}
+
+    def us(self, pool: str, team: str) -> float:
+        ts = self.acc.shares.get((pool, team))
+        return ts.usage_over_entitlement if ts else 0.0
+
+    def delta(self, vec: Mapping[str, float], pool: str, team: str) -> float:
+        """How much `vec` moves `team`'s usage over entitlement in the pool (an upper bound
+        on what losing it takes off)."""
+        cap = self.acc.capacity.get(pool, {})
+        return (weighted_share(vec, cap, self.settings, team_weight(team, self.settings))
+                * self.acc.total_weight.get(pool, 0.0))
+
+    def budget_left(self, pool: str) -> int:
+        left = self.budget.get(pool)
+        if left is None:
+            hour_ago = self.now.timestamp() - 3600.0
+            recent = sum(1 for m in (*self.acc.pending, *self.acc.admitted)
+                         if m.pool == pool and m.workload.preempted_at is not None
+                         and m.workload.preempted_at.timestamp() > hour_ago)
+            left = self.budget[pool] = max(0, self.settings.reclaim_budget_per_hour - recent)
+        return left
+
+    def candidates(self, holders: Iterable[Member], cls: PriorityClass,
+                   reason: ExposureReason) -> list[Member]:
+        state = _STATE[reason]
+
+        def key(m: Member) -> tuple[bool, float, str]:
+            old = parse_terms(m.workload.annotations.get(PRIORITY_TERMS_ANNOTATION))
+            started = m.workload.reserved_since
+            return (old.get("state") != state, -(started.timestamp() if started else 0.0),
+                    m.workload.uid)
+
+        out = [m for m in holders if m.workload.key not in self.out
+               and (c := self.classes.get(m.workload.key)) is not None
+               and not c.blocking and c.override is None and c.priority_class is cls]
+        return sorted(out, key=key)
+
+    def expose(self, cq: str, holders: list[Member], waiting: list[Scored]) -> None:
+        pool = holders[0].pool
+        free = _free(self.acc, pool)
+        if self.settings.team_scoped_approval():
+            self._for_approval(cq, pool, holders, waiting, free)
+        if self.settings.reclaim_enabled:
+            self._for_reclaim(cq, pool, holders, waiting, free)
+
+    def _for_approval(self, cq: str, pool: str, holders: list[Member], waiting: list[Scored],
+                      free: Mapping[str, float]) -> None:
+        cap = self.acc.capacity.get(pool, {})
+        for team in sorted({s.member.team for s in waiting
+                            if s.classified.priority_class is PriorityClass.APPROVED}):
+            mine = [s for s in waiting if s.member.team == team
+                    and s.classified.priority_class is PriorityClass.APPROVED]
+            demand = _sum(s.demand or {} for s in mine)
+            if _fits(demand, free):
+                continue
+            need, covered = _size(demand, cap), 0.0
+            exposure = Exposure(ExposureReason.TEAM_APPROVAL, (team,), self.us(pool, team))
+
+            def allowed(s: Scored, team: str = team) -> bool:
+                return (s.classified.priority_class is PriorityClass.APPROVED
+                        and s.member.team == team and s.member.cluster_queue == cq)
+
+            for m in self.candidates((h for h in holders if h.team == team),
+                                     PriorityClass.NORMAL, ExposureReason.TEAM_APPROVAL):
+                if covered >= need:
+                    break
+                self.out[m.workload.key] = Victim(exposure, allowed)
+                covered += _size(admitted_usage(m.workload, self.acc.card_mib), cap)
+
+    def _for_reclaim(self, cq: str, pool: str, holders: list[Member], waiting: list[Scored],
+                     free: Mapping[str, float]) -> None:
+        s_ = self.settings
+        cap = self.acc.capacity.get(pool, {})
+        total = self.acc.total_weight.get(pool, 0.0)
+        bar = 1.0 + s_.reclaim_margin
+        min_start = self.now.timestamp() - s_.min_runtime
+        over = sorted({m.team for m in holders if self.us(pool, m.team) > bar},
+                      key=lambda t: (-self.us(pool, t), t))
+        for team in over:
+            us_v = self.us(pool, team)
+            for cls in PriorityClass:
+                takers = [s for s in waiting if s.classified.priority_class is cls
+                          and s.member.team != team and self.us(pool, s.member.team) < 1.0
+                          and s.share * total <= us_v - self.delta(s.demand or {}, pool, team)]
+                if not takers:
+                    continue
+                demand = _sum(s.demand or {} for s in takers)
+                if _fits(demand, free):
+                    continue
+                need, covered, left = _size(demand, cap), 0.0, us_v
+                for m in self.candidates((h for h in holders if h.team == team), cls,
+                                         ExposureReason.RECLAIM):
+                    started = m.workload.reserved_since
+                    if covered >= need or left <= bar or self.budget_left(pool) <= 0:
+                        break
+                    if started is None or started.timestamp() > min_start:
+                        continue
+                    held = admitted_usage(m.workload, self.acc.card_mib)
+
+                    def allowed(s: Scored, cls: PriorityClass = cls, team: str = team,
+                                held: Vector = held, us_v: float = us_v) -> bool:
+                        if (s.classified.priority_class is not cls or s.member.team == team
+                                or s.member.cluster_queue != cq
+                                or self.us(pool, s.member.team) >= 1.0):
+                            return False
+                        lost = {d: max(held.get(d, 0.0), (s.demand or {}).get(d, 0.0))
+                                for d in {*held, *(s.demand or {})}}
+                        return s.share * total <= us_v - self.delta(lost, pool, team)
+
+                    teams = tuple(sorted({s.member.team for s in takers if allowed(s)}))
+                    if not teams:
+                        continue
+                    self.out[m.workload.key] = Victim(
+                        Exposure(ExposureReason.RECLAIM, teams, us_v), allowed)
+                    self.budget[pool] = self.budget_left(pool) - 1
+                    covered += _size(held, cap)
+                    left -= self.delta(held, pool, team)
+
+
+def choose_victims(
+    acc: Accounts, g: Gathered, scored: Iterable[Scored], settings: Settings, now: datetime,
+    admitted_classes: Mapping[str, Classified],
+) -> Mapping[str, Victim]:
+    """The admitted Workloads this plan exposes to preemption (`_Exposer`), by key."""
+    if not (settings.team_scoped_approval() or settings.reclaim_enabled):
+        return {}
+    within = {name for name, cq in g.queues.items()
+              if cq.preemption.within_cluster_queue != "Never"}
+    waiting: dict[str, list[Scored]] = {}
+    for s in scored:
+        cq = s.member.cluster_queue
+        if s.breakdown is not None and cq in within and s.classified.override is None:
+            waiting.setdefault(cq, []).append(s)
+    holders: dict[str, list[Member]] = {}
+    for m in acc.admitted:
+        if m.cluster_queue in waiting:
+            holders.setdefault(m.cluster_queue, []).append(m)
+    exposer = _Exposer(acc, settings, now, admitted_classes)
+    for cq in sorted(holders):
+        exposer.expose(cq, holders[cq], waiting[cq])
+    return MappingProxyType(exposer.out)
+
+
+Ranked = Mapping[str, list[tuple[int, Scored]]]
+
+
+def rank_threats(scored: Iterable[Scored]) -> Ranked:
+    """Per pool, pending Workloads by the highest priority each has now or is given by this
+    plan (both exist while the plan is written), highest first."""
+    out: dict[str, list[tuple[int, Scored]]] = {}
+    for s in scored:
+        value = max(s.target, kueue_priority(s.member.workload, s.classified))
+        out.setdefault(s.member.pool, []).append((value, s))
+    for entries in out.values():
+        entries.sort(key=lambda e: -e[0])
+    return out
+
+
+def exposed_range(ranked: list[tuple[int, Scored]], protected: tuple[PriorityClass, ...],
+                  allowed: Callable[[Scored], bool]) -> tuple[int, int]:
+    """(threat, best): the highest value of a pending Workload that must not preempt the
+    victim, and the highest target of one that may. A value in (threat, best) exposes it to
+    the allowed ones only."""
+    best = INT32_MIN - 1
+    for value, s in ranked:
+        if s.classified.priority_class not in protected:
+            continue  # a higher class: may preempt it anyway
+        if s.breakdown is not None and allowed(s):
+            best = max(best, s.target)
+            continue
+        return value, best
+    return INT32_MIN - 1, best
+
+
 def guard_admitted(
-    acc: Accounts, g: Gathered, settings: Settings, now: datetime, threats: Threats,
+    acc: Accounts, g: Gathered, settings: Settings, now: datetime, scored: list[Scored],
 ) -> list[WorkloadDecision]:
     """Admitted Workloads that preemption can reach get their class guard once a pending
-    Workload that must not preempt them reaches their priority (`threats`, this plan's values
-    included: the runner writes guards first). Until then, and once guarded, nothing is
-    written: most Workloads are admitted before anything outranks them."""
+    Workload that must not preempt them reaches their priority (this plan's values included:
+    the runner writes guards first). Until then, and once guarded, nothing is written: most
+    Workloads are admitted before anything outranks them. A victim (`choose_victims`) is
+    written just above every pending Workload that must not preempt it instead, while some
+    allowed one stands above that."""
     pools = preempting_pools(g.queues.values())
     classes = _ClassTerms(settings)
     protected_from = _protected_from(settings)
+    threats = pending_threats(scored)
+    admitted_classes = {m.workload.key: classify(m.workload, m.job)
+                        for m in acc.admitted if m.pool in pools}
+    victims = choose_victims(acc, g, scored, settings, now, admitted_classes)
+    ranked = rank_threats(scored) if victims else {}
     # Guards of one (class, team, pool, base, override) share their breakdown and terms.
     shared: dict[tuple[object, ...], tuple[PriorityBreakdown, str, int, str]] = {}
     out: list[WorkloadDecision] = []
@@ -458,11 +798,24 @@ def guard_admitted(
         if m.pool not in pools:
             continue
         w = m.workload
-        c = classify(w, m.job)
+        c = admitted_classes[w.key]
         if c.blocking:
             out.append(_unchanged(m, c, c.problems, admitted=True, rank=-1))
             continue
         cls = c.priority_class
+        victim = victims.get(w.key)
+        if victim is not None:
+            threat, best = exposed_range(ranked.get(m.pool, []), protected_from[cls],
+                                         victim.allowed)
+            if best > threat + 1:
+                current = kueue_priority(w, c)
+                old = parse_terms(w.annotations.get(PRIORITY_TERMS_ANNOTATION))
+                if threat < current < best and old.get("state") == _STATE[
+                        victim.exposure.reason] and old.get("for") == ",".join(
+                        victim.exposure.for_teams):
+                    continue  # already exposed to exactly these, at a value that still works
+                out.append(_exposed(m, c, acc, classes, threat + 1, victim.exposure, now))
+                continue
         if c.override is None:
             current = kueue_priority(w, c)
             threat = max((threats.get((m.pool, p), INT32_MIN - 1) for p in protected_from[cls]),
@@ -496,6 +849,30 @@ def guard_admitted(
         ))
     out.sort(key=lambda d: d.key)
     return out
+
+
+def _exposed(m: Member, c: Classified, acc: Accounts, classes: _ClassTerms, target: int,
+             exposure: Exposure, now: datetime) -> WorkloadDecision:
+    w, cls = m.workload, c.priority_class
+    boost, clamped = _boost(target, c.base)
+    ts = acc.shares.get((m.pool, m.team))
+    breakdown = PriorityBreakdown(
+        cls, classes.weight[cls], classes.term[cls], m.team, m.pool,
+        ts.dominant_resource if ts else None, ts.dominant_share if ts else 0.0,
+        ts.level if ts else 0, 0, now, 0.0, now, 0, c.base, 0, None, target, True, clamped,
+        ts.dominant_share if ts else 0.0, None, exposure,
+    )
+    problems = c.problems
+    if clamped:
+        problems = (*problems, InputProblem(w.ref, "spec.priority", str(c.base), clamped))
+    return WorkloadDecision(
+        key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=-1,
+        base_priority=c.base, current_priority=w.priority, current_boost=c.current_boost,
+        target_boost=boost, target_priority=target, breakdown=breakdown, problems=problems,
+        admitted=True,
+        terms=exposed_terms(cls, m.team, m.pool, _STATE[exposure.reason], exposure.for_teams,
+                            exposure.over_entitlement, target),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -581,9 +958,8 @@ def compute_plan(
     g = gather(snapshot)
     acc = account(g, snapshot, settings, now, history)
     scored = score_pending(acc, g, snapshot, settings, now)
-    threats = pending_threats(scored)
     decisions = order(scored)
-    decisions += guard_admitted(acc, g, settings, now, threats)
+    decisions += guard_admitted(acc, g, settings, now, scored)
     return Plan(
         now=now,
         decisions=tuple(decisions),
