@@ -19,6 +19,7 @@ the others.
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -33,19 +34,28 @@ from controller.live.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-APPLIED = "applied"
-NOOP = "noop"  # after a re-read there was nothing left to write
-CONFLICT = "conflict"  # still conflicting after the attempts allowed
-FAILED = "failed"
-REFUSED = "refused"
-UNSUPPORTED = "unsupported"
-DEFERRED = "deferred"  # retry budget spent or apiserver unreachable: next cycle
+
+class Result(enum.StrEnum):
+    """What became of one write (the `result` label of the writes metric, and in the log)."""
+
+    APPLIED = "applied"
+    NOOP = "noop"  # after a re-read there was nothing left to write
+    CONFLICT = "conflict"  # still conflicting after the attempts allowed
+    FAILED = "failed"
+    REFUSED = "refused"
+    UNSUPPORTED = "unsupported"
+    DEFERRED = "deferred"  # retry budget spent or apiserver unreachable: next cycle
+
+
+APPLIED, NOOP, CONFLICT = Result.APPLIED, Result.NOOP, Result.CONFLICT
+FAILED, REFUSED, UNSUPPORTED, DEFERRED = (
+    Result.FAILED, Result.REFUSED, Result.UNSUPPORTED, Result.DEFERRED)
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     change: Change  # the change as finally sent (after re-reads)
-    result: str
+    result: Result
     error: ApiError | None = None
 
 
@@ -53,7 +63,7 @@ class Outcome:
 class ApplyReport:
     outcomes: list[Outcome] = field(default_factory=list)
 
-    def by_result(self, result: str) -> list[Outcome]:
+    def by_result(self, result: Result) -> list[Outcome]:
         return [o for o in self.outcomes if o.result == result]
 
     def counts(self) -> dict[str, int]:

@@ -26,6 +26,7 @@ Anything that should be written but cannot be is returned as a `Notice` (an Even
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,10 +48,16 @@ from controller.workload import (
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
 
-# What a change is about (also the `what` label in logs and the Event reason).
-PRIORITY = "priority"
-HAMI_ANNOTATIONS = "hami-annotations"
-GPU_FRACTION = "gpu-fraction"
+
+class What(enum.StrEnum):
+    """What a change is about (the `what` label in logs and metrics, and the Event reason)."""
+
+    PRIORITY = "priority"
+    HAMI_ANNOTATIONS = "hami-annotations"
+    GPU_FRACTION = "gpu-fraction"
+
+
+PRIORITY, HAMI_ANNOTATIONS, GPU_FRACTION = What.PRIORITY, What.HAMI_ANNOTATIONS, What.GPU_FRACTION
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +76,7 @@ class Change:
 
     ref: ObjectRef
     resource: Resource
-    what: str
+    what: What
     content_type: str
     body: Any
     summary: str  # human text for the log and the success Event
