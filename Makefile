@@ -63,8 +63,9 @@ lint: venv
 	$(VENV)/bin/ruff check controller evaluation tests bench tools
 	$(VENV)/bin/mypy
 
+# The unit tier: the Python dependencies alone, no Go-built tool (tests/unit not marked tools).
 unit: venv
-	$(PY) -m pytest -m "not plane and not e2e"
+	$(PY) -m pytest -m unit
 
 # The trace evaluation of docs/evaluation.md (tuning + 5 held-out windows x 10 label seeds).
 .PHONY: eval-trace

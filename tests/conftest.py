@@ -27,6 +27,15 @@ _SUMMARY: dict[str, object] = {}
 _PLANE_FIXTURES = {"plane", "e2e_plane", "api", "namespace", "kubeconfig"}
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests under tests/unit are the `unit` tier (`make unit`, no Go-built tool), except those
+    marked `tools` (they need tools/bin, e.g. helm)."""
+    unit_dir = Path(__file__).parent / "unit"
+    for item in items:
+        if item.path.is_relative_to(unit_dir) and item.get_closest_marker("tools") is None:
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.fixture(scope="session")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     """etcd + kube-apiserver + Kueue (PriorityBoost on), shared by the session."""

@@ -8,8 +8,6 @@ from decimal import Decimal
 from itertools import pairwise
 
 import pytest
-from wdrf_build import NOW, snapshot, wl
-from wdrf_build import settings as make_settings
 
 from controller.accounting import (
     card_memory,
@@ -31,6 +29,8 @@ from controller.domain import (
     frozen_resources,
 )
 from controller.policy import compute_plan
+from tests.support.builders import NOW, snapshot, wl
+from tests.support.builders import settings as make_settings
 
 
 def c(res: dict[str, str]) -> Container:

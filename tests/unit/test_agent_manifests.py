@@ -4,8 +4,6 @@ exercised on the real control plane (tests/plane/test_agent_plane.py)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import pytest
 import yaml
 
 from controller.domain import GPU_INVENTORY_ANNOTATION
+from tests.support.kube import render_kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "manifests" / "agent"
@@ -22,13 +21,7 @@ Obj = dict[str, Any]
 
 @pytest.fixture(scope="module")
 def rendered() -> list[Obj]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl (with built-in kustomize) is needed to render manifests/agent"
-    out = subprocess.run(
-        [kubectl, "kustomize", str(AGENT)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    return render_kustomize(AGENT)
 
 
 def one(objs: list[Obj], kind: str) -> Obj:

@@ -109,12 +109,14 @@ def test_the_chart_is_generated_from_the_current_manifests(tmp_path: Path) -> No
             assert f.read_text() == (CHART / f.relative_to(tmp_path)).read_text(), f
 
 
+@pytest.mark.tools
 def test_default_values_render_exactly_manifests(helm: str, renders: dict[str, list[Obj]]) -> None:
     chart = normalize(template(helm))
     kust = normalize(renders["main"])
     assert chart == kust, diff(chart, kust)
 
 
+@pytest.mark.tools
 def test_every_switch_on_renders_every_folder(helm: str, renders: dict[str, list[Obj]]) -> None:
     chart = normalize(template(helm, *(f"{k}={v}" for k, v in ALL_ON.items())))
     expected = normalize(renders["history"] + renders["agent"] + renders["monitoring"])
@@ -126,6 +128,7 @@ def test_every_switch_on_renders_every_folder(helm: str, renders: dict[str, list
     assert chart == expected, diff(chart, expected)
 
 
+@pytest.mark.tools
 def test_switches_off(helm: str, renders: dict[str, list[Obj]]) -> None:
     chart = normalize(template(helm, "admissionPolicy.enabled=false",
                                "networkPolicy.enabled=false", "agent.enabled=true"))
@@ -138,6 +141,7 @@ def test_switches_off(helm: str, renders: dict[str, list[Obj]]) -> None:
     assert ("ValidatingAdmissionPolicy", "wdrf-controller-writes") in chart  # always: security
 
 
+@pytest.mark.tools
 def test_values_reach_the_objects(helm: str, tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({
@@ -172,6 +176,7 @@ def test_values_reach_the_objects(helm: str, tmp_path: Path) -> None:
         ":" + chart_meta["appVersion"])
 
 
+@pytest.mark.tools
 def test_history_off_with_a_half_life_fails_with_a_reason(helm: str) -> None:
     cmd = [str(HELM), "template", "wdrf", str(CHART), "--namespace", NS, "--kube-version",
            K8S_VERSION, "--set", "config.USAGE_HALF_LIFE=1h"]
@@ -179,6 +184,7 @@ def test_history_off_with_a_half_life_fails_with_a_reason(helm: str) -> None:
     assert out.returncode != 0 and "needs history.enabled=true" in out.stderr
 
 
+@pytest.mark.tools
 def test_the_rendered_config_is_a_valid_controller_config(helm: str, tmp_path: Path) -> None:
     for sets in ((), tuple(f"{k}={v}" for k, v in ALL_ON.items())):
         cm = next(o for o in template(helm, *sets) if o["kind"] == "ConfigMap"
@@ -193,6 +199,7 @@ def test_the_rendered_config_is_a_valid_controller_config(helm: str, tmp_path: P
             assert settings.usage_half_life == 7 * 86400
 
 
+@pytest.mark.tools
 def test_every_rendered_builtin_object_validates(helm: str) -> None:
     objs = template(helm, *(f"{k}={v}" for k, v in ALL_ON.items()))
     assert len(objs) > 20
@@ -205,6 +212,7 @@ def test_every_rendered_builtin_object_validates(helm: str) -> None:
         assert ns in (NS, None, "default"), (o["kind"], ns)
 
 
+@pytest.mark.tools
 def test_helm_lint(helm: str) -> None:
     out = subprocess.run([helm, "lint", str(CHART), "--strict", "--kube-version", K8S_VERSION],
                          capture_output=True, text=True, timeout=120, check=False)

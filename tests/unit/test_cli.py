@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from wdrf_build import as_list, cluster_queue_dict, local_queue_dict, workload_dict
 
 from controller.cli import main
+from tests.support.builders import as_list, cluster_queue_dict, local_queue_dict, workload_dict
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = str(REPO / "examples" / "cluster-snapshot.yaml")

@@ -9,8 +9,6 @@ from dataclasses import replace
 from types import MappingProxyType
 
 import pytest
-from wdrf_build import NOW, job, snapshot, wl
-from wdrf_build import settings as make_settings
 
 from controller.accounting import active_weights, fairness_level
 from controller.config import Settings
@@ -19,6 +17,8 @@ from controller.live.metrics import OTHER_TEAM, Metrics
 from controller.plan import TeamShare
 from controller.policy import compute_plan
 from controller.usage import UsageHistory
+from tests.support.builders import NOW, job, snapshot, wl
+from tests.support.builders import settings as make_settings
 
 POOL = "cq/cq"  # the builders' ClusterQueue has no cohort
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from wdrf_build import NOW, job, snapshot, wl
-from wdrf_build import settings as make_settings
 
 from controller.config import HamiRule, Settings, valid_gpu_policy
 from controller.domain import (
@@ -17,6 +15,8 @@ from controller.domain import (
 from controller.hami import parse_fraction, parse_scheduling_policy
 from controller.plan import WorkloadDecision
 from controller.policy import compute_plan
+from tests.support.builders import NOW, job, snapshot, wl
+from tests.support.builders import settings as make_settings
 
 FRACTIONAL = {"nvidia.com/gpucores": "25", "nvidia.com/gpumem-percentage": "25"}
 

@@ -7,8 +7,6 @@ control plane instead (tests/plane/test_manifests_plane.py): kubernetes-validate
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ import yaml
 
 from controller.config import Settings, with_overrides
 from controller.domain import OWNER_KINDS
+from tests.support.kube import render_kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -80,16 +79,6 @@ def with_history_component(tmp: Path) -> Path:
     return tmp
 
 
-def kustomize(path: Path) -> list[Obj]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl (with built-in kustomize) is needed to render manifests/"
-    out = subprocess.run(
-        [kubectl, "kustomize", str(path)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
 def load_yaml_dir(path: Path) -> list[tuple[str, Obj]]:
     docs: list[tuple[str, Obj]] = []
     for f in sorted(path.glob("*.yaml")):
@@ -101,12 +90,12 @@ def load_yaml_dir(path: Path) -> list[tuple[str, Obj]]:
 
 @pytest.fixture(scope="module")
 def rendered() -> list[Obj]:
-    return kustomize(MANIFESTS)
+    return render_kustomize(MANIFESTS)
 
 
 @pytest.fixture(scope="module")
 def rendered_with_history(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
-    return kustomize(with_history_component(tmp_path_factory.mktemp("history")))
+    return render_kustomize(with_history_component(tmp_path_factory.mktemp("history")))
 
 
 def find(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
@@ -198,7 +187,7 @@ def test_every_rendered_manifest_validates(rendered: list[Obj],
                                            rendered_with_history: list[Obj]) -> None:
     for o in rendered + rendered_with_history:
         k8s_validate(o)
-    for o in kustomize(MANIFESTS / "agent"):
+    for o in render_kustomize(MANIFESTS / "agent"):
         k8s_validate(o)
 
 
@@ -213,7 +202,7 @@ def test_validation_catches_a_bad_manifest(rendered: list[Obj]) -> None:
 def test_prometheus_overlay_renders_a_servicemonitor_for_the_metrics_service(
     rendered: list[Obj],
 ) -> None:
-    objs = [o for o in kustomize(MANIFESTS / "overlays" / "prometheus")
+    objs = [o for o in render_kustomize(MANIFESTS / "overlays" / "prometheus")
             if o["kind"] == "ServiceMonitor"]  # alerts etc.: tests/unit/test_monitoring.py
     assert len(objs) == 1
     sm = objs[0]
@@ -231,7 +220,7 @@ def test_prometheus_overlay_renders_a_servicemonitor_for_the_metrics_service(
 
 
 def test_admission_kustomization_renders_on_its_own() -> None:
-    objs = kustomize(MANIFESTS / "admission")
+    objs = render_kustomize(MANIFESTS / "admission")
     assert sorted(o["kind"] for o in objs) == [
         "ConfigMap",
         "MutatingAdmissionPolicy",
@@ -651,7 +640,7 @@ def test_secure_metrics_component_moves_metrics_to_https_and_keeps_probes_plain(
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
         "resources": [str(rel)], "components": [str(rel / "overlays" / "secure-metrics")]}),
         encoding="utf-8")
-    objs = kustomize(tmp_path)
+    objs = render_kustomize(tmp_path)
     for o in objs:
         k8s_validate(o)
     pod = find(objs, "Deployment")["spec"]["template"]["spec"]
@@ -699,8 +688,9 @@ def test_why_reader_grants_exactly_what_why_reads(rendered: list[Obj]) -> None:
 
 def test_network_policies_select_the_pods_and_limit_ingress_to_the_metrics_port(
         rendered: list[Obj]) -> None:
+    agent = render_kustomize(MANIFESTS / "agent")
     for objs, workload_kind, port in ((rendered, "Deployment", "http"),
-                                      (kustomize(MANIFESTS / "agent"), "DaemonSet", "metrics")):
+                                      (agent, "DaemonSet", "metrics")):
         np = find(objs, "NetworkPolicy")
         labels = find(objs, workload_kind)["spec"]["template"]["metadata"]["labels"]
         assert np["spec"]["podSelector"]["matchLabels"].items() <= labels.items()

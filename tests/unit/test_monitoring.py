@@ -28,6 +28,7 @@ from controller.agent.nvml import NvmlReader
 from controller.agent.runner import Agent, AgentConfig
 from controller.live.metrics import Metrics
 from tests.support.fakenvml import FakeGpu, FakeMig, FakeNvml, h100s
+from tests.support.kube import render_kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "manifests" / "overlays" / "prometheus"
@@ -219,11 +220,7 @@ def test_dashboard_is_grafana_json_on_a_datasource_variable() -> None:
 
 
 def test_overlay_ships_rule_podmonitor_and_dashboard_configmap() -> None:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl (kustomize) is needed to render the overlay"
-    out = subprocess.run([kubectl, "kustomize", str(OVERLAY)], capture_output=True, text=True,
-                         check=True, timeout=60).stdout
-    objs = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(out)}
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in render_kustomize(OVERLAY)}
     assert ("PrometheusRule", "wdrf-controller") in objs
     pm = objs[("PodMonitor", "wdrf-gpu-agent")]
     assert [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] == ["metrics"]

@@ -10,16 +10,6 @@ from typing import Any
 
 import pytest
 import yaml
-from wdrf_build import (
-    NOW,
-    V1B1,
-    V1B2,
-    as_list,
-    cluster_queue_dict,
-    job_dict,
-    local_queue_dict,
-    workload_dict,
-)
 
 from controller.config import Settings
 from controller.domain import GPU, KueueApiVersion
@@ -31,6 +21,16 @@ from controller.parse import (
     parse_workload,
 )
 from controller.policy import compute_plan
+from tests.support.builders import (
+    NOW,
+    V1B1,
+    V1B2,
+    as_list,
+    cluster_queue_dict,
+    job_dict,
+    local_queue_dict,
+    workload_dict,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"

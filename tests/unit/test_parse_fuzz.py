@@ -7,12 +7,19 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from wdrf_build import NOW, as_list, cluster_queue_dict, job_dict, local_queue_dict, workload_dict
 
 from controller.config import Settings
 from controller.parse import build_snapshot
 from controller.policy import compute_plan
 from controller.render import render
+from tests.support.builders import (
+    NOW,
+    as_list,
+    cluster_queue_dict,
+    job_dict,
+    local_queue_dict,
+    workload_dict,
+)
 
 FUZZ = settings(max_examples=60, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

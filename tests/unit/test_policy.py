@@ -6,8 +6,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from wdrf_build import NOW, job, snapshot, wl
-from wdrf_build import settings as make_settings
 
 from controller.accounting import UsageHistory
 from controller.config import MAX_OVERRIDE, Settings
@@ -30,6 +28,8 @@ from controller.domain import (
 )
 from controller.plan import Plan, WorkloadDecision
 from controller.policy import compute_plan
+from tests.support.builders import NOW, job, snapshot, wl
+from tests.support.builders import settings as make_settings
 
 
 def one(plan: Plan, key: str = "team-a/p") -> WorkloadDecision:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
-from wdrf_build import NOW, snapshot, wl
-
 from controller.config import Settings
 from controller.domain import APPROVED_ANNOTATION, URGENT_ANNOTATION, PriorityClass
 from controller.encoding import formula_value, reference
 from controller.policy import compute_plan
+from tests.support.builders import NOW, snapshot, wl
 
 QUARTER = {"nvidia.com/gpucores": "25", "nvidia.com/gpumem-percentage": "25"}
 

@@ -15,8 +15,6 @@ from decimal import Decimal
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from wdrf_build import NOW, snapshot, wl
-from wdrf_build import settings as make_settings
 
 from controller.config import INT32_MAX, INT32_MIN, MAX_BOOST, Settings
 from controller.domain import (
@@ -37,6 +35,8 @@ from controller.domain import (
 from controller.encoding import formula_value, reference
 from controller.plan import Plan, WorkloadDecision
 from controller.policy import compute_plan
+from tests.support.builders import NOW, snapshot, wl
+from tests.support.builders import settings as make_settings
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 TEAMS = ("team-a", "team-b", "team-c", "team-d")

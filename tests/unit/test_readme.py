@@ -16,6 +16,8 @@ import click
 import pytest
 import yaml
 
+from tests.support.kube import render_kustomize
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -213,30 +215,42 @@ def test_admission_messages_in_readme_match_the_policy() -> None:
 
 
 def test_worked_example_numbers_are_what_the_policy_computes() -> None:
-    from controller.accounting import fairness_term
+    """The README's example, run through `compute_plan` itself: a 16-GPU ClusterQueue, three
+    teams of weight 1, observed on a Thursday 12:00 UTC (the builders' NOW)."""
     from controller.config import Settings
-    from controller.domain import PriorityClass
-    from controller.encoding import pending_value
+    from controller.domain import (
+        APPROVED_ANNOTATION,
+        GPUCORES,
+        GPUMEM_PERCENTAGE,
+        URGENT_ANNOTATION,
+    )
+    from controller.policy import compute_plan
+    from tests.support.builders import NOW, snapshot, wl
 
     s = Settings()
     example = section("How a priority is computed")
-    teams = 3.0  # three teams of weight 1
-    share = {"A": 4 / 16, "B": (4 * 0.25) / 16, "C": 0.0}
-    fair = {t: fairness_term(v, teams, s) for t, v in share.items()}
-    assert fair == {"A": 58000, "B": 86000, "C": 100000}, fair
+    assert NOW.strftime("%A %H:%M") == "Thursday 12:00"
+    quarter = {GPUCORES: "25", GPUMEM_PERCENTAGE: "25"}
+    workloads = [
+        wl("run", "a", gpu="4", admitted=True, wait=86400),  # A runs 4 whole GPUs
+        *(wl(f"quarter-{i}", "b", resources=quarter, admitted=True, wait=86400)
+          for i in range(4)),  # B runs four 25 % jobs
+        wl("pretrain", "a", wait=10 * 60, annotations={URGENT_ANNOTATION: "true"}),
+        wl("finetune", "b", wait=2 * 3600, annotations={APPROVED_ANNOTATION: "true"}),
+        wl("eval", "c", wait=3 * 3600),
+        wl("sweep", "a", wait=3 * 3600),
+    ]
+    plan = compute_plan(snapshot(workloads, gpus=16, teams=("a", "b", "c")), s, NOW)
+    fair = {t: plan.teams[t].fairness_term for t in ("a", "b", "c")}
+    assert fair == {"a": 58000, "b": 86000, "c": 100000}, fair
     for t in fair:
         assert f"**{fair[t]}**" in example, t
-    to_rebase = 302400  # Thursday 12:00 UTC -> Monday 00:00 UTC
-    rows = [
-        (PriorityClass.URGENT, "A", 10 * 60),
-        (PriorityClass.APPROVED, "B", 2 * 3600),
-        (PriorityClass.NORMAL, "C", 3 * 3600),
-        (PriorityClass.NORMAL, "A", 3 * 3600),
-    ]
-    got = [pending_value(cls, 0, fair[team], to_rebase + wait, s) for cls, team, wait in rows]
-    assert got == [1861000, 545600, 414700, 372700], got
-    for n in got:
-        assert f"**{n}**" in example, n
+    order = [(d.key, d.target_priority) for d in plan.pending]
+    assert order == [("a/pretrain", 1861000), ("b/finetune", 545600), ("c/eval", 414700),
+                     ("a/sweep", 372700)], order
+    for key, priority in order:
+        assert f"{key.replace('a/', 'A/').replace('b/', 'B/').replace('c/', 'C/')} " in example
+        assert f"**{priority}**" in example, key
     assert "(\N{MINUS SIGN}3s)" in example and "\N{MULTIPLICATION SIGN} 1500" in example
     assert s.priority_class_unit == 1500 and s.fairness_points == 100000
     assert dict(s.priority_weights) == {"urgent": 1000, "approved": 100, "normal": 1}
@@ -254,12 +268,7 @@ def test_the_opt_out_kustomization_in_the_readme_drops_only_the_binding(tmp_path
     (tmp_path / "wdrf").symlink_to(ROOT / "manifests")
     (tmp_path / "kustomization.yaml").write_text(
         snippet.replace("path/to/wdrf/manifests", "wdrf"), encoding="utf-8")
-    kubectl = shutil.which("kubectl")
-    assert kubectl
-    out = subprocess.run([kubectl, "kustomize", str(tmp_path)], capture_output=True, text=True,
-                         timeout=60, check=False)
-    assert out.returncode == 0, out.stderr
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    docs = render_kustomize(tmp_path)
     kinds = [d["kind"] for d in docs]
     bindings = {d["metadata"]["name"] for d in docs
                 if d["kind"] == "ValidatingAdmissionPolicyBinding"}

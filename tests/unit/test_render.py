@@ -6,7 +6,6 @@ import json
 from dataclasses import fields, replace
 
 import yaml
-from wdrf_build import NOW, snapshot, wl
 
 from controller.config import Settings
 from controller.domain import (
@@ -16,6 +15,7 @@ from controller.domain import (
 )
 from controller.policy import compute_plan
 from controller.render import _amount, breakdown_dict, explain, plan_dict, render
+from tests.support.builders import NOW, snapshot, wl
 
 
 def _plan():  # type: ignore[no-untyped-def]

@@ -1,0 +1,226 @@
+"""Builders for tests: Kubernetes dicts (Workload, ClusterQueue, LocalQueue, Job) and domain
+objects (Workload, Job, ClusterSnapshot, Settings) with sane defaults; the one place tests build
+them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from controller.config import Settings
+from controller.domain import (
+    GPU,
+    Admission,
+    ClusterQueue,
+    ClusterSnapshot,
+    Container,
+    JobInfo,
+    KueueApiVersion,
+    LocalQueue,
+    ObjectRef,
+    PodSet,
+    ResourceQuota,
+    Workload,
+    frozen_resources,
+)
+
+NOW = datetime(2025, 11, 20, 12, 0, 0, tzinfo=UTC)
+V1B2 = "kueue.x-k8s.io/v1beta2"
+V1B1 = "kueue.x-k8s.io/v1beta1"
+
+
+def ts(seconds_ago: float = 0) -> str:
+    return (NOW - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def workload_dict(
+    name: str = "wl",
+    namespace: str = "team-a",
+    *,
+    api: str = V1B2,
+    queue: str = "default",
+    age: float = 60,
+    requests: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None,
+    count: int = 1,
+    annotations: Mapping[str, Any] | None = None,
+    labels: Mapping[str, Any] | None = None,
+    priority: int | None = 0,
+    priority_class: str | None = None,
+    admitted_to: str | None = None,
+    usage: Mapping[str, Any] | None = None,
+    finished: bool = False,
+    owner_job: str | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-{namespace}-{name}",
+        "creationTimestamp": ts(age),
+        "resourceVersion": "1",
+    }
+    if annotations is not None:
+        meta["annotations"] = dict(annotations)
+    if labels is not None:
+        meta["labels"] = dict(labels)
+    if owner_job:
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": owner_job,
+                                    "uid": f"job-{namespace}-{owner_job}", "controller": True}]
+    res: dict[str, Any] = {"requests": dict(requests or {"cpu": "1", GPU: "1"})}
+    if limits:
+        res["limits"] = dict(limits)
+    spec: dict[str, Any] = {
+        "queueName": queue,
+        "podSets": [{"name": "main", "count": count,
+                     "template": {"spec": {"containers": [{"name": "c", "resources": res}]}}}],
+    }
+    if priority is not None:
+        spec["priority"] = priority
+    if priority_class:
+        if api == V1B1:
+            spec["priorityClassName"] = priority_class
+            spec["priorityClassSource"] = "kueue.x-k8s.io/workloadpriorityclass"
+        else:
+            spec["priorityClassRef"] = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass",
+                                        "name": priority_class}
+    obj: dict[str, Any] = {"apiVersion": api, "kind": "Workload", "metadata": meta, "spec": spec}
+    conds = []
+    if admitted_to:
+        conds += [{"type": "QuotaReserved", "status": "True", "lastTransitionTime": ts(age - 1)},
+                  {"type": "Admitted", "status": "True", "lastTransitionTime": ts(age - 1)}]
+        obj["status"] = {"admission": {"clusterQueue": admitted_to, "podSetAssignments": [
+            {"name": "main", "count": count, "resourceUsage": dict(usage or res["requests"])}]}}
+    if finished:
+        conds.append({"type": "Finished", "status": "True", "lastTransitionTime": ts(0)})
+    if conds:
+        obj.setdefault("status", {})["conditions"] = conds
+    return obj
+
+
+def cluster_queue_dict(
+    name: str = "cq",
+    *,
+    api: str = V1B2,
+    cohort: str | None = "pool",
+    quotas: Mapping[str, Any] | None = None,
+    preemption: Mapping[str, Any] | None = None,
+    afs: bool = False,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "resourceGroups": [{
+            "coveredResources": list((quotas or {"cpu": "64", GPU: "8"}).keys()),
+            "flavors": [{"name": "default", "resources": [
+                {"name": k, "nominalQuota": v}
+                for k, v in (quotas or {"cpu": "64", GPU: "8"}).items()
+            ]}],
+        }],
+    }
+    if cohort:
+        spec["cohort" if api == V1B1 else "cohortName"] = cohort
+    if preemption:
+        spec["preemption"] = dict(preemption)
+    if afs:
+        spec["admissionScope"] = {"admissionMode": "UsageBasedAdmissionFairSharing"}
+    return {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
+
+
+def local_queue_dict(namespace: str, name: str = "default", cq: str = "cq",
+                     api: str = V1B2) -> dict[str, Any]:
+    return {"apiVersion": api, "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"clusterQueue": cq}}
+
+
+def job_dict(name: str, namespace: str = "team-a", *, annotations: Mapping[str, Any] | None = None,
+             template_annotations: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace,
+                            "uid": f"job-{namespace}-{name}"}
+    if annotations is not None:
+        meta["annotations"] = dict(annotations)
+    tmeta: dict[str, Any] = {}
+    if template_annotations is not None:
+        tmeta["annotations"] = dict(template_annotations)
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta,
+            "spec": {"suspend": True, "template": {"metadata": tmeta, "spec": {"containers": [
+                {"name": "c", "resources": {"requests": {GPU: "1"}}}]}}}}
+
+
+def as_list(*items: Mapping[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "List", "items": list(items)}
+
+
+# --------------------------------------------------------------------------------------------
+# Domain objects directly (fast, for property tests)
+
+
+def wl(
+    name: str,
+    namespace: str = "team-a",
+    *,
+    wait: float = 0.0,
+    gpu: str | None = "1",
+    resources: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+    admitted: bool = False,
+    priority: int | None = 0,
+    queue: str = "default",
+    count: int = 1,
+    owner: str | None = None,
+) -> Workload:
+    res = {k: Decimal(v) for k, v in (resources or {}).items()}
+    if gpu is not None:
+        res.setdefault(GPU, Decimal(gpu))
+    usage = frozen_resources({k: v * count for k, v in res.items()})
+    return Workload(
+        namespace=namespace,
+        name=name,
+        uid=f"uid-{namespace}-{name}",
+        api_version=KueueApiVersion.V1BETA2,
+        queue_name=queue,
+        created=NOW - timedelta(seconds=wait),
+        pod_sets=(PodSet("main", count, (Container("c", frozen_resources(res)),)),),
+        priority=priority,
+        quota_reserved=admitted,
+        admitted=admitted,
+        admission=Admission("cq", usage) if admitted else None,
+        annotations=dict(annotations or {}),
+        owner=ObjectRef("Job", owner, namespace, f"job-{namespace}-{owner}", "batch/v1")
+        if owner else None,
+    )
+
+
+def job(name: str, namespace: str = "team-a", annotations: Mapping[str, str] | None = None,
+        template_annotations: Mapping[str, str] | None = None) -> JobInfo:
+    return JobInfo(namespace=namespace, name=name, uid=f"job-{namespace}-{name}",
+                   annotations=dict(annotations or {}),
+                   template_annotations=dict(template_annotations or {}))
+
+
+def snapshot(
+    workloads: list[Workload],
+    *,
+    gpus: int = 8,
+    cpu: int = 64,
+    teams: tuple[str, ...] = ("team-a", "team-b", "team-c"),
+    jobs: tuple[JobInfo, ...] = (),
+    cq: ClusterQueue | None = None,
+) -> ClusterSnapshot:
+    queue = cq or ClusterQueue(
+        "cq", KueueApiVersion.V1BETA2,
+        quotas=(ResourceQuota("default", GPU, Decimal(gpus)),
+                ResourceQuota("default", "cpu", Decimal(cpu))),
+    )
+    namespaces = sorted({*teams, *(w.namespace for w in workloads)})
+    return ClusterSnapshot(
+        workloads=tuple(workloads),
+        cluster_queues=(queue,),
+        local_queues=tuple(LocalQueue(ns, "default", queue.name) for ns in namespaces),
+        jobs=jobs,
+    )
+
+
+def settings(**changes: Any) -> Settings:
+    from controller.config import with_overrides
+
+    return with_overrides(Settings(), **changes)
