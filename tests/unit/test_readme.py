@@ -246,11 +246,15 @@ def test_worked_example_numbers_are_what_the_policy_computes() -> None:
     for t in fair:
         assert f"**{fair[t]}**" in example, t
     order = [(d.key, d.target_priority) for d in plan.pending]
-    assert order == [("a/pretrain", 1861000), ("b/finetune", 545600), ("c/eval", 414700),
-                     ("a/sweep", 372700)], order
-    for key, priority in order:
-        assert f"{key.replace('a/', 'A/').replace('b/', 'B/').replace('c/', 'C/')} " in example
-        assert f"**{priority}**" in example, key
+    assert order == [("a/pretrain", 1855000), ("b/finetune", 535600), ("c/eval", 400700),
+                     ("a/sweep", 358700)], order
+    for d in plan.pending:
+        b = d.breakdown
+        assert b is not None
+        row = next(line for line in example.splitlines()
+                   if line.startswith(f"| {d.key[0].upper()}{d.key[1:]} |"))
+        assert f"{b.class_term} + {b.fairness_term} + {b.aging_term}" in row, row
+        assert row.endswith(f"**{d.target_priority}** |"), row
     assert "(\N{MINUS SIGN}3s)" in example and "\N{MULTIPLICATION SIGN} 1500" in example
     assert s.priority_class_unit == 1500 and s.fairness_points == 100000
     assert dict(s.priority_weights) == {"urgent": 1000, "approved": 100, "normal": 1}
