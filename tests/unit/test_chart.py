@@ -149,7 +149,7 @@ def test_values_reach_the_objects(helm: str, tmp_path: Path) -> None:
                   "pullPolicy": "Always"},
         "replicas": 3,
         "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}},
-        "config": {"LOOP_INTERVAL": "5s", "FAIRNESS_POINTS": 2000000},
+        "config": {"loopInterval": "5s", "fairnessPoints": 2000000},
         "admissionPolicy": {"params": {"adminGroups": "ops:admins"}},
         "agent": {"enabled": True},
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
@@ -176,12 +176,113 @@ def test_values_reach_the_objects(helm: str, tmp_path: Path) -> None:
         ":" + chart_meta["appVersion"])
 
 
-@pytest.mark.tools
-def test_history_off_with_a_half_life_fails_with_a_reason(helm: str) -> None:
+def _fails(*sets: str) -> str:
     cmd = [str(HELM), "template", "wdrf", str(CHART), "--namespace", NS, "--kube-version",
-           K8S_VERSION, "--set", "config.USAGE_HALF_LIFE=1h"]
+           K8S_VERSION]
+    for s in sets:
+        cmd += ["--set", s]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    assert out.returncode != 0 and "needs history.enabled=true" in out.stderr
+    assert out.returncode != 0, out.stdout[:500]
+    return out.stderr
+
+
+@pytest.mark.tools
+@pytest.mark.parametrize("key", ["usageHalfLife", "USAGE_HALF_LIFE"])
+def test_history_off_with_a_half_life_fails_with_a_reason(helm: str, key: str) -> None:
+    assert "needs history.enabled=true" in _fails(f"config.{key}=1h")
+
+
+@pytest.mark.tools
+def test_every_config_key_in_camel_case_reaches_the_config_file(helm: str) -> None:
+    from controller.config import KEYS
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["config"]
+    top = yaml.safe_load((ROOT / "config.yaml").read_text())
+    assert list(values) == [gen_chart.camel(k) for k in top]  # config.yaml's order
+    assert set(values) == {gen_chart.camel(k) for k in KEYS}
+    # helm's snakecase|upper turns every camelCase key back into the controller's key
+    sets = [f"config.{gen_chart.camel(k)}={v}" for k, v in (("LOOP_INTERVAL", "7s"),
+            ("GPU_MEMORY_MIB", "81920"), ("CLIENT_QPS", "20"), ("KUBECONFIG_CONTEXT", "ctx"),
+            ("HAMI_DEFAULT_GPU_POLICY", "spread"))]
+    cm = next(o for o in template(helm, *sets) if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"] == "wdrf-controller-config")
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    assert set(cfg) == set(KEYS)
+    assert (cfg["LOOP_INTERVAL"], cfg["GPU_MEMORY_MIB"], cfg["CLIENT_QPS"],
+            cfg["KUBECONFIG_CONTEXT"], cfg["HAMI_DEFAULT_GPU_POLICY"]) == (
+        "7s", 81920, 20, "ctx", "spread")
+
+
+@pytest.mark.parametrize(("sets", "says"), [
+    (("config.loopIntervall=5s",), "loopIntervall"),
+    (("replicas=0",), "replicas"),
+    (("image.pullPolicy=Sometimes",), "pullPolicy"),
+    (("agent.nodeSelektor.a=b",), "nodeSelektor"),
+    (("config.approvedPreemptsNormal=maybe",), "approvedPreemptsNormal"),
+])
+@pytest.mark.tools
+def test_the_values_schema_refuses_typos_and_wrong_types(helm: str, sets: tuple[str, ...],
+                                                         says: str) -> None:
+    err = _fails(*sets)
+    assert "values don't meet the specifications of the schema" in err and says in err, err
+
+
+@pytest.mark.tools
+def test_pod_values_reach_the_controller_and_the_agent(helm: str, tmp_path: Path) -> None:
+    pod = {"imagePullSecrets": [{"name": "regcred"}], "nodeSelector": {"pool": "system"},
+           "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+           "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+               "nodeSelectorTerms": [{"matchExpressions": [
+                   {"key": "pool", "operator": "In", "values": ["system"]}]}]}}},
+           "priorityClassName": "system-cluster-critical",
+           "podAnnotations": {"example.com/team": "platform"}}
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({**pod, "agent": {"enabled": True, **pod}}))
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in template(helm, values=values)}
+    for k in (("Deployment", "wdrf-controller"), ("DaemonSet", "wdrf-gpu-agent")):
+        spec = objs[k]["spec"]["template"]["spec"]
+        for field in ("imagePullSecrets", "tolerations", "priorityClassName"):
+            assert spec[field] == pod[field], (k, field)
+        for field in ("nodeSelector", "affinity"):  # maps: Helm merges them with the defaults
+            assert spec[field] | pod[field] == spec[field], (k, field)
+        ann = objs[k]["spec"]["template"]["metadata"]["annotations"]
+        assert ann["example.com/team"] == "platform"
+        kubernetes_validate.validate(objs[k], K8S_VERSION, strict=True)
+    dep_ann = objs[("Deployment", "wdrf-controller")]["spec"]["template"]["metadata"]
+    assert "checksum/config" in dep_ann["annotations"]  # kept beside the user's
+
+
+@pytest.mark.tools
+def test_https_metrics_switch_renders_the_secure_metrics_overlay(
+    helm: str, renders: dict[str, list[Obj]]
+) -> None:
+    chart = normalize(template(helm, "metrics.https.enabled=true"))
+    kust = normalize(gen_chart.with_component(gen_chart.SECURE_METRICS))
+    assert chart == kust, diff(chart, kust)
+    objs = template(helm, "metrics.https.enabled=true", "metrics.https.secretName=my-tls")
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    secrets = [v["secret"]["secretName"] for v in dep["spec"]["template"]["spec"]["volumes"]
+               if "secret" in v]
+    assert secrets == ["my-tls"]
+
+
+@pytest.mark.tools
+def test_every_alert_has_a_runbook_url_to_a_section_of_operations_md(helm: str) -> None:
+    import re
+
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.+)$", docs, re.M)}
+    rules = next(o for o in template(helm, "prometheusRule.enabled=true",
+                                     "prometheusRule.runbookBaseUrl=https://docs.example/ops.md")
+                 if o["kind"] == "PrometheusRule")
+    alerts = [r for g in rules["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert len(alerts) >= 12
+    for r in alerts:
+        url = r["annotations"]["runbook_url"]
+        base, _, anchor = url.partition("#")
+        assert base == "https://docs.example/ops.md" and anchor == r["alert"].lower(), url
+        assert anchor in anchors, f"docs/operations.md has no section {r['alert']}"
 
 
 @pytest.mark.tools
@@ -231,12 +332,12 @@ def test_the_readme_names_only_real_values() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     named = set(re.findall(r"`([a-zA-Z]+(?:\.[a-zA-Z*<>A-Z_]+)+|replicas|resources)`", section))
     named |= set(re.findall(r"--set ([a-zA-Z.]+)=", section))
-    named = {n for n in named if not n.endswith((".yaml", ".py", ".md"))}  # file names
+    named = {n for n in named if not n.endswith((".yaml", ".py", ".md", ".json"))}  # files
     assert len(named) > 10, named
     for path in named:
         node: Any = values
         for part in path.split("."):
-            if part in ("<KEY>", "*") or node == {}:  # a free-form map (labels)
+            if part in ("<KEY>", "<key>", "*") or node == {}:  # a free-form map (labels)
                 break
             assert isinstance(node, dict) and part in node, f"README names {path}"
             node = node[part]
