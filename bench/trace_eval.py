@@ -2,8 +2,9 @@
 on a tuning window and held-out busy windows x label seeds, with bootstrap 95 % confidence
 intervals and the decision-quality goals checked. Writes a Markdown report and PNG plots.
 
-    python bench/trace_eval.py --quick          # the tuning window, one seed (~30 s)
+    python bench/trace_eval.py --quick          # the tuning window, one seed
     python bench/trace_eval.py                  # tuning + 5 held-out windows x 10 seeds
+    python bench/trace_eval.py --sensitivity --load 1.1   # 3 held-out windows x 10 seeds
     python bench/trace_eval.py --window 2017-10-02:3 --window 2017-11-06:3 --seeds 3
 
 Trace: Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN Training
@@ -30,7 +31,9 @@ from evaluation import trace as tr  # noqa: E402
 from evaluation.evaluate import COLUMNS, COST_COLUMNS, check_goals, plot, render, table  # noqa: E402
 from evaluation.experiment import (  # noqa: E402
     ALL_POLICIES,
+    BASE_POLICIES,
     PREEMPTION,
+    SENSITIVITY_POLICIES,
     Options,
     RunRecord,
     Window,
@@ -51,18 +54,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trace", type=Path, default=tr.DEFAULT_TRACE,
                    help="philly.csv (default: $WDRF_TRACE, else ../shared/traces/philly.csv "
                    "beside the repository)")
+    p.add_argument("--sensitivity", action="store_true",
+                   help="a sensitivity row: the 3 busiest held-out windows x 10 seeds, no "
+                   f"tuning window, policies {','.join(SENSITIVITY_POLICIES)} (each can be "
+                   "overridden: --held-out, --seeds, --policies)")
     p.add_argument("--quick", action="store_true",
-                   help="the tuning window only, one label seed")
+                   help="the tuning window only, --tuning-seeds label seeds (1)")
     p.add_argument("--days", type=int, default=3, help="window length in days (3)")
     p.add_argument("--tuning", default=None, metavar="START:DAYS",
                    help="the tuning window (default: the busiest DAYS of the busy period)")
     p.add_argument("--window", action="append", default=[], metavar="START:DAYS",
                    help="a held-out window, START a UTC date (2017-10-02) or a day offset; "
                    "repeatable (default: the --held-out busiest windows that do not overlap)")
-    p.add_argument("--held-out", type=int, default=5, help="held-out windows to pick (5)")
+    p.add_argument("--held-out", type=int, default=None,
+                   help="held-out windows to pick (5; 3 with --sensitivity)")
     p.add_argument("--seeds", type=int, default=10, help="label seeds per window (10)")
-    p.add_argument("--tuning-seeds", type=int, default=1,
-                   help="label seeds on the tuning window (1; it is not part of the goals)")
+    p.add_argument("--tuning-seeds", type=int, default=None,
+                   help="label seeds on the tuning window (1, 0 with --sensitivity; it is not "
+                   "part of the goals; with --quick the seeds run)")
     p.add_argument("--seed", type=int, default=1, help="first label seed (1)")
     p.add_argument("--load", type=float, default=1.0,
                    help="offered load each window's cluster is sized for (1.0)")
@@ -74,10 +83,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--team-weights", default="",
                    help="'4,2,1': weights for teams by GPU-time (largest first, last repeated),"
                    " or 'team=w,...' (default: all 1)")
-    p.add_argument("--policies", default=",".join(ALL_POLICIES),
-                   help=f"comma list from {', '.join(ALL_POLICIES)}, wdrf-halflife=<hours>, "
+    p.add_argument("--policies", default=None,
+                   help=f"comma list from {', '.join(BASE_POLICIES)}, wdrf-halflife=<hours>, "
                    "wdrf[-fs]:KEY=VALUE[:KEY=VALUE...] (WDRF, or WDRF + Fair Sharing, with "
-                   "config keys changed)")
+                   "config keys changed), each optionally with @W1/W2/... (its own team "
+                   f"weights, as --team-weights); default {','.join(ALL_POLICIES)}")
     p.add_argument("--preemption", choices=sorted(PREEMPTION), default="lower",
                    help="withinClusterQueue for every policy: never, lower (LowerPriority) or "
                    "lower-or-newer (LowerOrNewerEqualPriority); reclaimWithinCohort Any in a "
@@ -112,9 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         days=a.days,
         tuning=a.tuning,
         windows=tuple(a.window),
-        held_out=a.held_out,
+        held_out=a.held_out if a.held_out is not None else 3 if a.sensitivity else 5,
         seeds=a.seeds,
-        tuning_seeds=a.tuning_seeds,
+        tuning_seeds=(a.tuning_seeds if a.tuning_seeds is not None
+                      else 0 if a.sensitivity else 1),
         first_seed=a.seed,
         quick=a.quick,
         target_load=a.load,
@@ -122,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         labels=tr.LabelSpec(urgent_share=a.urgent, approved_share=a.approved,
                             fractional_share=a.fractional, node_gpus=a.node_gpus),
         team_weights=a.team_weights,
-        policies=tuple(x.strip() for x in a.policies.split(",") if x.strip()),
+        policies=tuple(x.strip() for x in (a.policies or ",".join(
+            SENSITIVITY_POLICIES if a.sensitivity else ALL_POLICIES)).split(",") if x.strip()),
         preemption=a.preemption,
         admission=a.admission,
         topology=a.topology,
@@ -179,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         names = {(w.start, w.days): w for w in choose_windows(opts, trace)}
         windows = [w for w in names.values()
                    if any((r.window.start, r.window.days) == (w.start, w.days) for r in done)]
-        last = opts.first_seed + opts.seeds
+        last = opts.first_seed + max(opts.seeds, opts.tuning_seeds)
         records = [replace(r, window=names.get((r.window.start, r.window.days), r.window))
                    for r in done if opts.first_seed <= r.seed < last]
         epoch = trace.epoch
@@ -202,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(shown, policies, COLUMNS)))
     print()
     print("\n".join(table(shown, policies, COST_COLUMNS)))
-    if not opts.quick:
+    for wdrf in [] if opts.quick else [p for p in policies if p.startswith("WDRF")]:
         print()
-        for g in check_goals(shown, settings.loop_interval):
+        for g in check_goals(shown, settings.loop_interval, wdrf):
             mark = {True: "met", False: "NOT met", None: "not checked"}[g.met]
             print(f"- {g.name}: {mark} — {g.detail}")
     print()

@@ -59,15 +59,18 @@ class SortedQueue:
 
 @dataclass(slots=True)
 class Series:
-    """Time integrals per window of `bin` seconds: per-team allocation and pending demand."""
+    """Time integrals per window of `bin` seconds: per-team allocation and pending demand, and
+    the part of the allocation held by work carried into the window (running when it began)."""
 
     bin: float
     teams: int
     alloc: list[list[float]] = field(default_factory=list)  # [window][team] GPU%-seconds
     pending: list[list[float]] = field(default_factory=list)
     total: list[float] = field(default_factory=list)  # [window] GPU%-seconds allocated
+    carried: list[list[float]] = field(default_factory=list)  # [window][team], part of alloc
 
-    def add(self, t0: float, t1: float, alloc: Sequence[int], pending: Sequence[int]) -> None:
+    def add(self, t0: float, t1: float, alloc: Sequence[int], pending: Sequence[int],
+            carried: Sequence[int] = ()) -> None:
         while t1 > t0:
             w = int(t0 // self.bin)
             end = min(t1, (w + 1) * self.bin)
@@ -75,8 +78,13 @@ class Series:
             while len(self.total) <= w:
                 self.alloc.append([0.0] * self.teams)
                 self.pending.append([0.0] * self.teams)
+                self.carried.append([0.0] * self.teams)
                 self.total.append(0.0)
             row_a, row_p = self.alloc[w], self.pending[w]
+            row_c = self.carried[w]
+            for i, c in enumerate(carried):
+                if c:
+                    row_c[i] += c * dt
             tot = 0
             for i, a in enumerate(alloc):
                 if a:

@@ -33,14 +33,34 @@ from evaluation.kueue import (
 )
 from evaluation.metrics import run_metrics
 from evaluation.packing import BINPACK, SPREAD
-from evaluation.policies import AfsModel, DrfIdeal, Fifo, Policy, StaticClasses
+from evaluation.policies import AfsModel, DrfClasses, DrfIdeal, Fifo, Policy, StaticClasses
 from evaluation.wdrf import WdrfKueue
 
-ALL_POLICIES = ("fifo", "static", "afs", "fs", "drf", "wdrf", "wdrf-fs")
-BASELINES = ("afs", "fs", "drf")  # the fairness baselines of the goals
+# The headline configuration: every policy with equal weights, and the per-team ClusterQueue
+# rows again with team weights 4, 2, 1 (teams by GPU-time, the last weight repeated).
+ALL_POLICIES = ("fifo", "static", "afs", "fs", "drf", "drf-classes", "wdrf", "wdrf-fs",
+                "fs@4/2/1", "wdrf-fs@4/2/1")
+BASE_POLICIES = ("fifo", "static", "afs", "fs", "drf", "drf-classes", "wdrf", "wdrf-fs")
+SENSITIVITY_POLICIES = ("fifo", "fs", "drf-classes", "wdrf", "wdrf-fs")
 PREEMPTION = {"never": NEVER, "lower": LOWER_PRIORITY, "lower-or-newer": LOWER_OR_NEWER_EQUAL}
 FS_NAME = "Kueue Fair Sharing (cohort)"
 WDRF_FS_NAME = "WDRF + Kueue Fair Sharing (cohort)"
+AFS_NAME = "Kueue AFS (model)"
+DRF_CLASSES_NAME = "DRF with classes (ideal)"
+WEIGHTS_TAG = ", weights "  # display-name suffix of a row with its own team weights
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """`wdrf-fs@4/2/1` -> (`wdrf-fs`, `4,2,1`): the policy and its own team weights ('' for
+    the run's --team-weights)."""
+    base, _, spec = key.partition("@")
+    return base, spec.replace("/", ",")
+
+
+def weights_tag(name: str) -> str:
+    """The team-weights suffix of a row's display name ('' when it has none)."""
+    i = name.find(WEIGHTS_TAG)
+    return name[i:] if i >= 0 else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +86,7 @@ class Options:
     seeds: int = 10
     tuning_seeds: int = 1  # label seeds on the tuning window (reported, not part of the goals)
     first_seed: int = 1
-    quick: bool = False  # the tuning window only, one seed
+    quick: bool = False  # the tuning window only, `tuning_seeds` label seeds (at least one)
     target_load: float = 1.0
     node_gpus: int = 8
     labels: tr.LabelSpec = field(default_factory=tr.LabelSpec)
@@ -152,7 +172,7 @@ def choose_windows(opts: Options, trace: tr.Trace) -> list[Window]:
         win = tr.busiest_window(labelled, opts.days, busy)
         tuning = Window(f"busiest {opts.days} days", win.start + shift, opts.days, "tuning")
     out = [tuning]
-    if opts.quick:
+    if opts.quick or (opts.held_out <= 0 and not opts.windows):
         return out
     if opts.windows:
         return out + [parse_window(w, epoch, "held-out") for w in opts.windows]
@@ -230,7 +250,13 @@ def kueue_config(opts: Options, weights: Mapping[str, float]) -> KueueConfig:
 def make_policy(key: str, opts: Options, zero: datetime, settings: Settings,
                 weights: Mapping[str, float]) -> tuple[Policy, KueueConfig]:
     """A policy and the Kueue settings it runs under (the same for every policy but the
-    Fair Sharing baseline, which is a cohort of per-team ClusterQueues by definition)."""
+    Fair Sharing rows, a cohort of per-team ClusterQueues by definition). `key@4/2/1`: the
+    policy with those team weights (`weights` must be them), named with `, weights 4/2/1`."""
+    plain, spec = split_key(key)
+    if spec:
+        policy, k = make_policy(plain, opts, zero, settings, weights)
+        policy.name = f"{policy.name}{WEIGHTS_TAG}{spec.replace(',', '/')}"
+        return policy, k
     k = kueue_config(opts, weights)
     if key == "fifo":
         return Fifo(), k
@@ -240,6 +266,8 @@ def make_policy(key: str, opts: Options, zero: datetime, settings: Settings,
         return AfsModel(), k
     if key == "drf":
         return DrfIdeal(), k
+    if key == "drf-classes":
+        return DrfClasses(weights), k
     if key == "fs":
         fs = replace(k, topology=COHORT, fair_sharing=True,
                      reclaim_within_cohort=ANY if k.within_cluster_queue != NEVER else NEVER)
@@ -270,8 +298,9 @@ def make_policy(key: str, opts: Options, zero: datetime, settings: Settings,
         hl = float(key.split("=", 1)[1]) * 3600.0
         s = with_overrides(base, usage_half_life=hl)
         return WdrfKueue(s, zero, name=f"WDRF, USAGE_HALF_LIFE {hl / 3600:g} h"), k
-    raise ValueError(f"unknown policy {key!r} (expected {', '.join(ALL_POLICIES)}, "
-                     "wdrf-halflife=<hours>, or wdrf[-fs]:KEY=VALUE[:KEY=VALUE...])")
+    raise ValueError(f"unknown policy {key!r} (expected {', '.join(BASE_POLICIES)}, "
+                     "wdrf-halflife=<hours>, or wdrf[-fs]:KEY=VALUE[:KEY=VALUE...], each "
+                     "optionally with @W1/W2/... team weights)")
 
 
 # -- running -------------------------------------------------------------------------------------
@@ -284,6 +313,7 @@ class Prepared:
     zero: datetime
     load: float
     weights: dict[str, float]
+    labelled: list[tr.SimJob]  # the whole labelled trace (team weights by GPU-time)
 
 
 def prepare(opts: Options, window: Window, seed: int) -> Prepared:
@@ -299,7 +329,7 @@ def prepare(opts: Options, window: Window, seed: int) -> Prepared:
     load = tr.offered_load(jobs, nodes * opts.node_gpus, measured.start, measured.end)
     zero = trace.epoch + timedelta(seconds=window.start)
     weights = team_weights(opts.team_weights, labelled)
-    return Prepared(jobs, measured, nodes, zero, load, weights)
+    return Prepared(jobs, measured, nodes, zero, load, weights, labelled)
 
 
 def default_settings() -> Settings:
@@ -316,12 +346,14 @@ def run_window(opts: Options, window: Window, seed: int, keep_results: bool = Fa
                     gpu_policy=opts.gpu_policy, check_invariants=opts.check_invariants)
     out: list[RunRecord] = []
     for key in opts.policies:
-        policy, k = make_policy(key, opts, prep.zero, settings, prep.weights)
+        spec = split_key(key)[1]
+        weights = team_weights(spec, prep.labelled) if spec else prep.weights
+        policy, k = make_policy(key, opts, prep.zero, settings, weights)
         t0 = time.perf_counter()
         result = KueueSim(prep.jobs, cfg, k, policy).run()
         secs = time.perf_counter() - t0
         teams = result.teams
-        w = tuple(prep.weights.get(t, 1.0) for t in teams)
+        w = tuple(weights.get(t, 1.0) for t in teams)
         metrics = run_metrics(result, prep.measured, w, settings.loop_interval)
         out.append(RunRecord(window, seed, policy.name, key, metrics, secs, prep.nodes,
                              prep.load, result if keep_results else None, w))
@@ -368,13 +400,14 @@ def run_all(opts: Options, jobs: int = 1, progress: Callable[[str], None] | None
     as they come)."""
     trace = load_trace(opts)
     windows = choose_windows(opts, trace)
-    seeds = [opts.first_seed] if opts.quick else list(
-        range(opts.first_seed, opts.first_seed + opts.seeds))
+    tuning_seeds = max(opts.tuning_seeds, 1) if opts.quick else opts.tuning_seeds
+    seeds = list(range(opts.first_seed, opts.first_seed + max(
+        tuning_seeds, 0 if opts.quick else opts.seeds)))
     have = {(r.window.start, r.window.days, r.seed, r.key) for r in done}
     tasks = []
     for i, s in enumerate(seeds):
         for w in windows:
-            if w.role != "held-out" and i >= opts.tuning_seeds:
+            if i >= (opts.seeds if w.role == "held-out" else tuning_seeds):
                 continue
             missing = tuple(k for k in opts.policies if (w.start, w.days, s, k) not in have)
             if missing:

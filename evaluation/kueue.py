@@ -13,7 +13,9 @@ What is modelled, and from which documented behaviour (../shared/docs/kueue.md a
 - **Queue order inside a ClusterQueue.** LocalQueue key first when the policy has one (Admission
   Fair Sharing: decayed LocalQueue usage; the DRF baseline: the team's share), then higher
   effective priority, then the queue-order timestamp (creation; the eviction time after a
-  `PodsReadyTimeout` eviction when `requeuingStrategy.timestamp` is `Eviction`), then id.
+  `PodsReadyTimeout` eviction when `requeuingStrategy.timestamp` is `Eviction`), then id. A
+  policy that orders by class first (the class-aware DRF baseline) puts the LocalQueue key
+  after the priority instead.
   BestEffortFIFO skips a head that does not fit (or cannot preempt) and tries the next;
   StrictFIFO blocks the ClusterQueue behind it.
 - **Inadmissible Workloads wait for a requeue** (BestEffortFIFO). A workload Kueue's scheduler
@@ -196,6 +198,8 @@ class KueueSim:
         self.team_idx = {t: i for i, t in enumerate(self.teams)}
         self.team_alloc = [0] * len(self.teams)  # GPUs in use (pods running), GPU percent
         self.team_pending = [0] * len(self.teams)  # pending + admitted-not-running demand
+        self.team_carried = [0] * len(self.teams)  # part of team_alloc: carried-in jobs
+        self.team_quota = [0] * len(self.teams)  # quota reserved (admitted, running or not)
         self.cqs: dict[str, CQ] = {}
         self.cq_of_team: dict[str, str] = {}
         self._build_queues()
@@ -320,6 +324,7 @@ class KueueSim:
         self.state[jid] = WAITING
         cq.used += job.need
         self.total_used += job.need
+        self.team_quota[self.team_idx[job.team]] += job.need
         cq.admitted[jid] = self.now
         self.admissions[jid] += 1
         if math.isnan(self.first_quota[jid]):
@@ -354,6 +359,8 @@ class KueueSim:
         ti = self.team_idx[job.team]
         self.team_alloc[ti] += job.need
         self.team_pending[ti] -= job.need
+        if job.carried:
+            self.team_carried[ti] += job.need
         heapq.heappush(self.completions, (self.now + self.remaining[jid], jid, self.run_seq[jid]))
         self.changed = True
         return True
@@ -371,10 +378,13 @@ class KueueSim:
         cq = self.cq_of(job)
         cq.used -= job.need
         self.total_used -= job.need
+        self.team_quota[self.team_idx[job.team]] -= job.need
         del cq.admitted[jid]
         if self.state[jid] == RUNNING:
             self.cluster.release(self.placements.pop(jid))
             self.team_alloc[self.team_idx[job.team]] -= job.need
+            if job.carried:
+                self.team_carried[self.team_idx[job.team]] -= job.need
         else:
             self.waiting.pop(jid, None)
             self.team_pending[self.team_idx[job.team]] -= job.need
@@ -618,7 +628,11 @@ class KueueSim:
                 continue
             jid = items[pos][1]
             team = self.jobs[jid].team
-            k = ((self.policy.team_key(team),) if self.policy.per_team else ()) + items[pos][0]
+            k = items[pos][0]
+            if self.policy.class_first:  # priority, then the LocalQueue key, then time
+                k = (k[0], self.policy.team_key(team), *k[1:])
+            elif self.policy.per_team:
+                k = (self.policy.team_key(team), *k)
             if best is None or k < best[0]:
                 best = (k, jid, q)
         return best
@@ -698,7 +712,8 @@ class KueueSim:
     # -- time ----------------------------------------------------------------------------------
     def _advance(self, t: float) -> None:
         if t > self.last_t:
-            self.series.add(self.last_t, t, self.team_alloc, self.team_pending)
+            self.series.add(self.last_t, t, self.team_alloc, self.team_pending,
+                            self.team_carried)
             self.last_t = t
         self.now = t
         self.policy.advance(t)
@@ -832,6 +847,10 @@ class KueueSim:
                 raise AssertionError(f"{cq.name}: quota usage disagrees with admitted jobs")
         if self.cohort_used > self.cohort_nominal:
             raise AssertionError("cohort over its quota")
+        if sum(self.team_quota) != self.cohort_used:
+            raise AssertionError("per-team quota usage disagrees with the ClusterQueues'")
+        if any(c > a for c, a in zip(self.team_carried, self.team_alloc, strict=True)):
+            raise AssertionError("carried-in GPUs above a team's allocation")
         if len(self.cqs) == 1:
             cq = next(iter(self.cqs.values()))
             if cq.used > cq.nominal:

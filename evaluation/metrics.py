@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from controller.domain import PriorityClass
 from evaluation.engine import SimResult
+from evaluation.kueue import Eviction
 from evaluation.trace import HOUR, Period
 
 
@@ -305,6 +306,14 @@ def run_metrics(
     valid = [r for r in ratios if not math.isnan(r)]
     out["worst_team_ratio"] = min(valid) if valid else math.nan
     out["max_ratio_error"] = max(abs(r - 1) for r in valid) if valid else math.nan
+    for team, r in zip(result.teams, ratios, strict=True):
+        out[f"ratio:{team}"] = r
+    own = backlogged_ratios(result, period, weights)
+    own_valid = [r for r in own if not math.isnan(r)]
+    out["backlogged_worst_ratio"] = min(own_valid) if own_valid else math.nan
+    out["backlogged_ratio_error"] = (
+        max(abs(r - 1) for r in own_valid) if own_valid else math.nan)
+    out.update(carried_shares(result, period))
     out["share_error"] = sum(errors) / len(errors) if errors else math.nan
     out["themis_max"] = themis_max(result, jobs, weights)
     # Cost and disruption.
@@ -319,9 +328,8 @@ def run_metrics(
     pre = [e for e in result.evictions if e.reason == "Preempted"
            and period.start <= e.time < period.end]
     out["preemptions_per_hour"] = len(pre) / hours
-    rank = {PriorityClass.NORMAL: 0, PriorityClass.APPROVED: 1, PriorityClass.URGENT: 2}
-    out["same_class_preemptions"] = float(sum(
-        1 for e in pre if rank[result.jobs[e.by].cls] <= rank[result.jobs[e.job_id].cls]))
+    out["same_class_preemptions"] = float(sum(1 for e in pre if _not_by_class(result, e)))
+    out.update(reclaims(result, period))
     timeouts = [e for e in result.evictions if e.reason != "Preempted"
                 and period.start <= e.time < period.end]
     out["timeouts_per_hour"] = len(timeouts) / hours
@@ -335,6 +343,104 @@ def run_metrics(
     out["makespan_h"] = result.makespan / HOUR
     del loop_interval
     return out
+
+
+RANK = {PriorityClass.NORMAL: 0, PriorityClass.APPROVED: 1, PriorityClass.URGENT: 2}
+BACKLOG_MIN = 25.0  # GPU percent: a team is backlogged with a quarter GPU waiting on average
+
+
+def _not_by_class(result: SimResult, e: Eviction) -> bool:
+    """The preemptor's class is not above the victim's: the class order does not explain it."""
+    return RANK[result.jobs[e.by].cls] <= RANK[result.jobs[e.job_id].cls]
+
+
+def reclaims(result: SimResult, period: Period) -> dict[str, float]:
+    """Reclaims: preemptions of another team's Workload of the same class or higher (the
+    class order does not explain them: a fairness mechanism took the GPUs back). Per window:
+    how many, per hour, the GPU-hours they lost, and per team how many it suffered
+    (`reclaimed_from:TEAM`) and how many were made for it (`reclaimed_for:TEAM`)."""
+    from evaluation.trace import PCT
+
+    hours = period.length / HOUR
+    out: dict[str, float] = {}
+    rec = [e for e in result.evictions if e.reason == "Preempted" and e.by >= 0
+           and period.start <= e.time < period.end and _not_by_class(result, e)
+           and result.jobs[e.by].team != result.jobs[e.job_id].team]
+    out["reclaims"] = float(len(rec))
+    out["reclaims_per_hour"] = len(rec) / hours if hours > 0 else math.nan
+    out["reclaim_gpu_hours_lost"] = sum(e.lost for e in rec) / PCT / HOUR
+    for team in result.teams:
+        out[f"reclaimed_from:{team}"] = 0.0
+        out[f"reclaimed_for:{team}"] = 0.0
+    for e in rec:
+        out[f"reclaimed_from:{result.jobs[e.job_id].team}"] += 1.0
+        out[f"reclaimed_for:{result.jobs[e.by].team}"] += 1.0
+    suffered = [out[f"reclaimed_from:{t}"] for t in result.teams]
+    out["reclaims_team_max"] = max(suffered) if suffered else 0.0
+    return out
+
+
+def carried_shares(result: SimResult, period: Period) -> dict[str, float]:
+    """The share of capacity held by work carried into the window (running when it began):
+    in its first hour, over its first day and over the whole measured period, and the most one
+    team held with carried-in work in the first hour."""
+    series = result.series
+    cap = result.config.capacity
+    b = series.bin
+    w0 = int(period.start // b)
+    w1 = min(math.ceil(period.end / b), len(series.total))
+
+    def share(lo: int, hi: int) -> float:
+        hi = min(hi, w1)
+        if hi <= lo:
+            return math.nan
+        return sum(sum(series.carried[w]) for w in range(lo, hi)) / (cap * b * (hi - lo))
+
+    first = series.carried[w0] if w0 < w1 else []
+    return {
+        "carried_share_first_hour": share(w0, w0 + 1),
+        "carried_share_first_day": share(w0, w0 + math.ceil(24 * HOUR / b)),
+        "carried_share_mean": share(w0, w1),
+        "carried_team_max_first_hour": max(first) / (cap * b) if first else math.nan,
+    }
+
+
+def backlogged_ratios(result: SimResult, period: Period, weights: Sequence[float],
+                      backlog_min: float = BACKLOG_MIN) -> list[float]:
+    """Per team: allocation / entitlement of the work the policy placed, over the busy hours
+    in which the team was backlogged (NaN if never).
+
+    What a policy controls is who gets the GPUs that free up while teams wait. Two things in
+    the all-hours ratio (`team_ratios`) are outside that: work carried into the window (it
+    holds GPUs before the policy decides anything), and hours in which a team was not waiting
+    (it got all it asked for; a ratio above 1 there is no unfairness to anyone who asked). So
+    per busy hour: the capacity less the carried-in work's GPUs is split by weighted max-min
+    water-filling over each team's own demand (its non-carried allocation + its pending
+    demand); a team with at least `backlog_min` GPU percent pending on average is backlogged,
+    and only its backlogged hours are summed: got = its non-carried allocation, due = its
+    share of that split."""
+    series = result.series
+    cap = result.config.capacity
+    b = series.bin
+    n = len(result.teams)
+    got = [0.0] * n
+    due = [0.0] * n
+    w0 = int(period.start // b)
+    w1 = min(math.ceil(period.end / b), len(series.total))
+    for w in range(w0, w1):
+        alloc = [x / b for x in series.alloc[w]]
+        pend = [x / b for x in series.pending[w]]
+        if sum(alloc) + sum(pend) < cap * (1 - 1e-9):
+            continue  # not a busy hour
+        carried = [x / b for x in series.carried[w]]
+        own = [alloc[i] - carried[i] for i in range(n)]
+        fair = water_fill(max(cap - sum(carried), 0.0),
+                          [own[i] + pend[i] for i in range(n)], weights)
+        for i in range(n):
+            if pend[i] >= backlog_min and fair[i] > 1e-9:
+                got[i] += own[i]
+                due[i] += fair[i]
+    return [got[i] / due[i] if due[i] > 0 else math.nan for i in range(n)]
 
 
 def themis_max(result: SimResult, jobs: Sequence[object], weights: Sequence[float]) -> float:

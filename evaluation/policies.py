@@ -9,6 +9,9 @@
 - DRF (ideal): progressive filling by unweighted dominant share, re-computed after every
   admission inside the scheduler (Volcano's `drf` plugin); no classes, no aging. An idealised
   baseline: no controller loop, no API writes.
+- DRF with classes (ideal): classes first (urgent > approved > normal, as fixed priorities that
+  Kueue's preemption also sees), then progressive filling by weighted dominant share inside a
+  class. What WDRF aims at, with no controller loop and no API writes.
 - WDRF: `controller.policy.compute_plan` every LOOP_INTERVAL on a `ClusterSnapshot` built from
   the simulated cluster; Kueue then orders by the plan's target priority, then creation time.
 """
@@ -57,6 +60,7 @@ class Policy:
     description = ""
     controller = False  # runs a controller loop every LOOP_INTERVAL
     per_team = False  # per-team queues picked by `team_key` (lowest first)
+    class_first = False  # per-team queues picked by priority first, then `team_key`
 
     def __init__(self) -> None:
         self.writes = 0
@@ -199,3 +203,31 @@ class DrfIdeal(Policy):
     def team_key(self, team: str) -> float:
         sim = self.sim
         return sim.team_alloc[sim.team_idx[team]] / sim.capacity
+
+
+class DrfClasses(Policy):
+    """Classes first, then weighted DRF inside a class: of the teams' best pending Workloads of
+    the highest class, the one whose team has the lowest weighted dominant share goes first
+    (re-computed after every admission). The classes are fixed priorities, so Kueue preempts
+    by class exactly as for Static classes; nothing preempts within a class."""
+
+    name = "DRF with classes (ideal)"
+    description = (
+        "classes first (fixed priorities 1000/100/1, preemption by class as Static classes), "
+        "then progressive filling by weighted dominant (GPU) share of quota inside a class, "
+        "re-computed after every admission; no aging"
+    )
+    per_team = True
+    class_first = True
+
+    def __init__(self, weights: Mapping[str, float] | None = None) -> None:
+        super().__init__()
+        self.weights = dict(weights or {})
+
+    def priority(self, job: SimJob) -> int:
+        return STATIC_PRIORITY[job.cls]
+
+    def team_key(self, team: str) -> float:
+        sim = self.sim
+        # Kueue admits on quota: the share is the quota the team holds (pods running or not).
+        return sim.team_quota[sim.team_idx[team]] / sim.capacity / self.weights.get(team, 1.0)

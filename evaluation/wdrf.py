@@ -169,10 +169,13 @@ class WdrfKueue(Policy):
         assert isinstance(sim, KueueSim)
         w = self.wl[job.job_id]
         usage = {GPU: Decimal(job.pods * job.gpus_per_pod)}
+        # Kueue sets QuotaReserved=True now and resets a Preempted=True condition to False,
+        # so the parsed Workload has reserved_since = now and no preempted_at.
         self.wl[job.job_id] = replace(
             w, quota_reserved=True, admitted=True,
             admission=Admission(sim.cq_of_team[job.team], frozen_resources(usage),
                                 MappingProxyType({GPU: FLAVOR})),
+            reserved_since=self.epoch + timedelta(seconds=now), preempted_at=None,
         )
         self.dirty = True
 
@@ -188,9 +191,14 @@ class WdrfKueue(Policy):
             self.applied.pop(jid, None)
 
     def on_evict(self, job: SimJob, now: float, reason: str) -> None:
+        from evaluation.kueue import PREEMPTED
+
         w = self.wl[job.job_id]
-        self.wl[job.job_id] = replace(w, quota_reserved=False, admitted=False, admission=None,
-                                      last_eviction=self.epoch + timedelta(seconds=now))
+        at = self.epoch + timedelta(seconds=now)
+        self.wl[job.job_id] = replace(
+            w, quota_reserved=False, admitted=False, admission=None, last_eviction=at,
+            reserved_since=None, preempted_at=at if reason == PREEMPTED else None,
+        )
         self.dirty = True
 
     # -- the controller cycle ------------------------------------------------------------------

@@ -7,8 +7,18 @@ from datetime import UTC, datetime
 import pytest
 
 from controller.config import Settings
-from evaluation.experiment import FS_NAME, Options, make_policy, parse_variant
+from evaluation.experiment import (
+    FS_NAME,
+    WDRF_FS_NAME,
+    Options,
+    make_policy,
+    parse_variant,
+    run_all,
+    split_key,
+    weights_tag,
+)
 from evaluation.kueue import ANY, COHORT, LOWER_PRIORITY, NEVER, SINGLE_CQ
+from evaluation.policies import DrfClasses
 from evaluation.wdrf import WdrfKueue
 
 ZERO = datetime(2017, 9, 4, tzinfo=UTC)
@@ -50,3 +60,37 @@ def test_team_weights_reach_kueue_and_the_controller() -> None:
     assert isinstance(p, WdrfKueue)
     assert dict(p.settings.team_weights) == {"a": 4.0, "b": 2.0}
     assert k.weight("a") == 4.0 and k.weight("c") == 1.0
+
+
+def test_a_row_with_its_own_team_weights() -> None:
+    w = {"a": 4.0, "b": 2.0}
+    p, k = make_policy("wdrf-fs@4/2/1", Options(), ZERO, Settings(), w)
+    assert isinstance(p, WdrfKueue) and p.name == f"{WDRF_FS_NAME}, weights 4/2/1"
+    assert k.topology == COHORT and k.weight("a") == 4.0
+    assert dict(p.settings.team_weights) == w
+    assert split_key("fs@4/2/1") == ("fs", "4,2,1") and split_key("wdrf") == ("wdrf", "")
+    assert weights_tag(p.name) == ", weights 4/2/1" and weights_tag(FS_NAME) == ""
+    d, _ = make_policy("drf-classes@2/1", Options(), ZERO, Settings(), {"a": 2.0})
+    assert isinstance(d, DrfClasses) and d.weights == {"a": 2.0}
+
+
+def test_rows_with_and_without_their_own_weights_in_one_run() -> None:
+    opts = Options(trace=None, generated_jobs=200, days=1, held_out=1, seeds=1,
+                   policies=("fs", "fs@4/2/1"))
+    _, records, _ = run_all(opts)
+    held = {r.key: r for r in records if r.window.role == "held-out"}
+    assert set(held["fs"].weights) == {1.0}
+    assert sorted(held["fs@4/2/1"].weights, reverse=True)[:3] == [4.0, 2.0, 1.0]
+    assert held["fs@4/2/1"].policy == f"{FS_NAME}, weights 4/2/1"
+
+
+def test_quick_runs_the_tuning_seeds_on_the_tuning_window_only() -> None:
+    opts = Options(trace=None, generated_jobs=200, days=1, quick=True, tuning_seeds=2,
+                   policies=("fifo",))
+    windows, records, _ = run_all(opts)
+    assert [w.role for w in windows] == ["tuning"]
+    assert sorted(r.seed for r in records) == [1, 2]
+    none_held = Options(trace=None, generated_jobs=200, days=1, held_out=0, tuning_seeds=3,
+                        policies=("fifo",))
+    windows, records, _ = run_all(none_held)
+    assert [w.role for w in windows] == ["tuning"] and len(records) == 3

@@ -82,3 +82,38 @@ def test_preemption_sees_class_differences_once_the_guard_is_written(topology: s
     pairs = {(e.by, e.job_id) for e in pre}
     assert not any((b, a) in pairs for a, b in pairs)  # no ping-pong
     assert r.admissions == [1] * len(js)
+
+
+def test_workloads_carry_their_reservation_time_and_kueues_preempted_condition() -> None:
+    """As the parser reads them from Kueue's conditions: `reserved_since` from the admission
+    (QuotaReserved=True), none while pending; `preempted_at` from the preemption, reset when
+    the Workload is admitted again (Kueue sets Preempted=False then)."""
+    seen: list[tuple[str, int, float | None, float | None, float | None]] = []
+    epoch = tr.generate_trace(4, 1).epoch
+
+    def rel(t: object) -> float | None:
+        return None if t is None else (t - epoch).total_seconds()  # type: ignore[operator]
+
+    class Spy(WdrfKueue):
+        def on_admit(self, job: tr.SimJob, now: float) -> None:
+            super().on_admit(job, now)
+            w = self.wl[job.job_id]
+            seen.append(("admit", job.job_id, rel(w.reserved_since), rel(w.preempted_at),
+                         rel(w.last_eviction)))
+
+        def on_evict(self, job: tr.SimJob, now: float, reason: str) -> None:
+            super().on_evict(job, now, reason)
+            w = self.wl[job.job_id]
+            seen.append(("evict", job.job_id, rel(w.reserved_since), rel(w.preempted_at),
+                         rel(w.last_eviction)))
+
+    js = [tr.SimJob(0, 0.0, 1000.0, "a", PriorityClass.NORMAL, 1, 8, 100),
+          tr.SimJob(1, 100.0, 100.0, "b", PriorityClass.URGENT, 1, 8, 100)]
+    k = KueueConfig(within_cluster_queue="LowerPriority")
+    KueueSim(js, SimConfig(nodes=1, check_invariants=True), k, Spy(Settings(), epoch)).run()
+    assert seen == [
+        ("admit", 0, 0.0, None, None),
+        ("evict", 0, None, 100.0, 100.0),
+        ("admit", 1, 100.0, None, None),
+        ("admit", 0, 200.0, None, 100.0),
+    ]
