@@ -344,10 +344,11 @@ def render(opts: Options, windows: Sequence[Window], records: Sequence[RunRecord
 
 WEIGHTS_TEXT = (
     "Weights honoured (allocation / entitlement per team over the busy hours). *Backlogged, "
-    "own work*: only the hours in which the team had work waiting, its GPUs held by work "
-    "carried into the window left out, and the capacity those hold taken off before the "
-    "weighted split (what a policy decides: where freed GPUs go while teams wait). *All*: the "
-    "earlier metric, every hour with demand, carried-in work included:"
+    "own work* (what a policy decides: where GPUs go while teams wait): only the hours in "
+    "which the team had work waiting; the entitlement is the weighted max-min split with each "
+    "team's carried-in GPUs as a floor, and both sides leave those GPUs out; teams due less "
+    "than one GPU on average are left out. *All*: the earlier metric, every hour with demand, "
+    "carried-in work included:"
 )
 RECLAIM_TEXT = (
     "Preemption and reclaim (a *reclaim* preempts another team's Workload of the same class or "

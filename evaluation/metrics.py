@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from controller.domain import PriorityClass
 from evaluation.engine import SimResult
 from evaluation.kueue import Eviction
-from evaluation.trace import HOUR, Period
+from evaluation.trace import HOUR, PCT, Period
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +261,6 @@ def run_metrics(
     result: SimResult, period: Period, weights: Sequence[float], loop_interval: float
 ) -> dict[str, float]:
     """The evaluation's scalar metrics for one policy on one window and label seed."""
-    from evaluation.trace import PCT
 
     jobs = [j for j in result.jobs if not j.carried and period.start <= j.submit < period.end]
     out: dict[str, float] = {}
@@ -359,7 +358,6 @@ def reclaims(result: SimResult, period: Period) -> dict[str, float]:
     class order does not explain them: a fairness mechanism took the GPUs back). Per window:
     how many, per hour, the GPU-hours they lost, and per team how many it suffered
     (`reclaimed_from:TEAM`) and how many were made for it (`reclaimed_for:TEAM`)."""
-    from evaluation.trace import PCT
 
     hours = period.length / HOUR
     out: dict[str, float] = {}
@@ -405,42 +403,65 @@ def carried_shares(result: SimResult, period: Period) -> dict[str, float]:
     }
 
 
+def water_fill_floors(total: float, demands: Sequence[float], weights: Sequence[float],
+                      floors: Sequence[float]) -> list[float]:
+    """Weighted max-min fair split of `total` in which team i gets at least `floors[i]` (work
+    that cannot be moved) and at most `demands[i]`: the level L with sum of
+    min(demand, max(floor, L x weight)) = total, found by bisection."""
+    n = len(demands)
+    if sum(demands) <= total:
+        return [float(d) for d in demands]
+
+    def filled(level: float) -> list[float]:
+        return [min(demands[i], max(floors[i], level * weights[i])) for i in range(n)]
+
+    lo, hi = 0.0, max(demands[i] / weights[i] for i in range(n) if weights[i] > 0)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if sum(filled(mid)) < total:
+            lo = mid
+        else:
+            hi = mid
+    return filled(hi)
+
+
 def backlogged_ratios(result: SimResult, period: Period, weights: Sequence[float],
                       backlog_min: float = BACKLOG_MIN) -> list[float]:
-    """Per team: allocation / entitlement of the work the policy placed, over the busy hours
-    in which the team was backlogged (NaN if never).
+    """Per team: allocation / entitlement of the part a policy decides, over the busy hours in
+    which the team was backlogged (NaN if it was due less than one GPU on average over the
+    busy hours: its ratio would be the noise of a few jobs).
 
-    What a policy controls is who gets the GPUs that free up while teams wait. Two things in
-    the all-hours ratio (`team_ratios`) are outside that: work carried into the window (it
-    holds GPUs before the policy decides anything), and hours in which a team was not waiting
-    (it got all it asked for; a ratio above 1 there is no unfairness to anyone who asked). So
-    per busy hour: the capacity less the carried-in work's GPUs is split by weighted max-min
-    water-filling over each team's own demand (its non-carried allocation + its pending
-    demand); a team with at least `backlog_min` GPU percent pending on average is backlogged,
-    and only its backlogged hours are summed: got = its non-carried allocation, due = its
-    share of that split."""
+    What a policy decides is who gets the GPUs that free up while teams wait. Two things in the
+    all-hours ratio (`team_ratios`) are outside that: the GPUs held by work carried into the
+    window (running before the policy decided anything), and hours in which a team was not
+    waiting (it got all it asked for). So per busy hour the entitlement is the weighted max-min
+    split of the capacity with every team's carried-in GPUs as a floor (what the best policy
+    that moves nothing already running could reach), and a team with at least `backlog_min`
+    GPU percent pending on average is backlogged; over its backlogged hours, got = its
+    allocation less its carried-in GPUs, due = its entitlement less the same."""
     series = result.series
     cap = result.config.capacity
     b = series.bin
     n = len(result.teams)
     got = [0.0] * n
     due = [0.0] * n
+    busy = 0
     w0 = int(period.start // b)
     w1 = min(math.ceil(period.end / b), len(series.total))
     for w in range(w0, w1):
         alloc = [x / b for x in series.alloc[w]]
         pend = [x / b for x in series.pending[w]]
-        if sum(alloc) + sum(pend) < cap * (1 - 1e-9):
+        demand = [alloc[i] + pend[i] for i in range(n)]
+        if sum(demand) < cap * (1 - 1e-9):
             continue  # not a busy hour
+        busy += 1
         carried = [x / b for x in series.carried[w]]
-        own = [alloc[i] - carried[i] for i in range(n)]
-        fair = water_fill(max(cap - sum(carried), 0.0),
-                          [own[i] + pend[i] for i in range(n)], weights)
+        fair = water_fill_floors(float(cap), demand, weights, carried)
         for i in range(n):
-            if pend[i] >= backlog_min and fair[i] > 1e-9:
-                got[i] += own[i]
-                due[i] += fair[i]
-    return [got[i] / due[i] if due[i] > 0 else math.nan for i in range(n)]
+            if pend[i] >= backlog_min:
+                got[i] += alloc[i] - carried[i]
+                due[i] += fair[i] - carried[i]
+    return [got[i] / due[i] if busy and due[i] >= PCT * busy else math.nan for i in range(n)]
 
 
 def themis_max(result: SimResult, jobs: Sequence[object], weights: Sequence[float]) -> float:

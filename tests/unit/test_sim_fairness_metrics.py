@@ -19,6 +19,8 @@ from evaluation.metrics import (
     reclaims,
     run_metrics,
     team_ratios,
+    water_fill,
+    water_fill_floors,
 )
 from evaluation.policies import DrfClasses, DrfIdeal, Policy, StaticClasses
 
@@ -54,15 +56,40 @@ TWO_TEAMS = [job(0, 0.0, 1.0, team="a"), job(1, 0.0, 1.0, team="b")]
 # -- weights: backlogged hours, the policy's own work ---------------------------------------------
 
 def test_carried_in_work_and_unbacklogged_teams_do_not_count_against_the_policy() -> None:
-    # 8 GPUs. Team a holds 6, 4 of them carried into the window, and waits for nothing; b holds
-    # 2 and waits for 6 more. The earlier metric: entitlement 4 each, so a 1.5 and b 0.5. Of
-    # the 4 GPUs the policy placed, each team got 2, and b was entitled to 2 of them (a's own
-    # demand is 2): b's ratio is 1 and a, never backlogged, is not counted.
-    r = result(TWO_TEAMS, [([6, 2], [0, 6], [4, 0])])
+    # 8 GPUs. Team a holds 6 carried into the window and waits for nothing; b holds the other
+    # 2 and waits for 6 more. The earlier metric: entitlement 4 each, so a 1.5 and b 0.5. No
+    # policy that moves nothing already running could give b more than those 2: b's ratio is
+    # 1, and a, never backlogged, is not counted.
+    r = result(TWO_TEAMS, [([6, 2], [0, 6], [6, 0])])
     old, _, _ = team_ratios(r, tr.Period(0.0, H), [1.0, 1.0])
     assert old == pytest.approx([1.5, 0.5])
     new = backlogged_ratios(r, tr.Period(0.0, H), [1.0, 1.0])
     assert math.isnan(new[0]) and new[1] == pytest.approx(1.0)
+
+
+def test_carried_in_work_counts_towards_its_teams_entitlement() -> None:
+    # a's 4 carried-in GPUs are its whole entitlement; the policy gave a 2 more and b only 2
+    # while b waited: b got 2 of the 4 it was due from the policy.
+    r = result(TWO_TEAMS, [([6, 2], [0, 6], [4, 0])])
+    assert backlogged_ratios(r, tr.Period(0.0, H), [1.0, 1.0])[1] == pytest.approx(0.5)
+
+
+def test_a_team_due_less_than_one_gpu_on_average_is_left_out() -> None:
+    # b holds 2 GPUs and asks for no more; a's carried-in GPUs leave it due 8 - 2 - 5.5 = 0.5
+    # GPU more, which it did not get: too little to judge. Due 1 GPU (5 carried), it counts.
+    half = result(TWO_TEAMS, [([5.5, 2], [1, 0], [5.5, 0])])
+    assert math.isnan(backlogged_ratios(half, tr.Period(0.0, H), [1.0, 1.0])[0])
+    one = result(TWO_TEAMS, [([5, 2], [2, 0], [5, 0])])
+    assert backlogged_ratios(one, tr.Period(0.0, H), [1.0, 1.0])[0] == 0.0
+
+
+def test_water_filling_with_floors() -> None:
+    assert water_fill_floors(8, [6, 8], [1, 1], [6, 0]) == pytest.approx([6, 2])
+    assert water_fill_floors(8, [6, 8], [1, 1], [0, 0]) == pytest.approx(
+        water_fill(8, [6, 8], [1, 1]))
+    assert water_fill_floors(9, [10, 10, 1], [2, 1, 1], [0, 5, 0]) == pytest.approx(
+        [3, 5, 1])
+    assert water_fill_floors(100, [1, 2], [1, 1], [1, 0]) == [1, 2]  # everyone satisfied
 
 
 def test_a_backlogged_team_the_policy_under_serves_shows_below_one() -> None:
