@@ -19,6 +19,7 @@ Only the plan's public outputs are used (`target_priority`, `target_boost`, `ter
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -70,7 +71,10 @@ class WdrfKueue(Policy):
         super().__init__()
         self.settings = settings
         self.guards = {c: settings.guard(c) for c in PriorityClass}
-        self.aggregate_admitted = aggregate_admitted
+        # Exposures (reclaim, team-scoped approval) pick single admitted Workloads by how long
+        # they ran: a summary of several cannot stand for them, so the plan sees each one.
+        self.exposes = settings.reclaim_enabled or settings.team_scoped_approval()
+        self.aggregate_admitted = aggregate_admitted and not self.exposes
         # The plan's HAMi node/GPU policy per Workload is applied only when asked: the
         # evaluation gives every policy the same packing unless packing is the point of a row.
         self.apply_hami = apply_hami
@@ -96,6 +100,9 @@ class WdrfKueue(Policy):
         self.dirty = True
         self.agg_cache: dict[tuple[str, str, PriorityClass], tuple[int, Workload]] = {}
         self.applied: dict[int, tuple[int, int, str]] = {}
+        # Reclaim: when a Workload passes MIN_RUNTIME, and when a preemption leaves the pool's
+        # hourly budget, the plan may decide differently with nothing else changing.
+        self.clock_events: list[float] = []
 
     def reset(self, sim: AnySim) -> None:
         from evaluation.kueue import KueueSim
@@ -177,6 +184,8 @@ class WdrfKueue(Policy):
                                 MappingProxyType({GPU: FLAVOR})),
             reserved_since=self.epoch + timedelta(seconds=now), preempted_at=None,
         )
+        if self.settings.reclaim_enabled:
+            heapq.heappush(self.clock_events, now + self.settings.min_runtime)
         self.dirty = True
 
     def on_release(self, job: SimJob, now: float) -> None:
@@ -199,6 +208,8 @@ class WdrfKueue(Policy):
             w, quota_reserved=False, admitted=False, admission=None, last_eviction=at,
             reserved_since=None, preempted_at=at if reason == PREEMPTED else None,
         )
+        if self.settings.reclaim_enabled and reason == PREEMPTED:
+            heapq.heappush(self.clock_events, now + 3600.0)
         self.dirty = True
 
     # -- the controller cycle ------------------------------------------------------------------
@@ -308,10 +319,14 @@ class WdrfKueue(Policy):
     def next_change(self, now: float) -> float:
         """Without decayed usage the plan moves only with the cluster (a new, admitted, evicted
         or finished Workload), at `MAX_AGING_TIME` and at a rebase: visit one tick an hour as
-        well, so clock-driven changes are seen within the hour."""
+        well, so clock-driven changes are seen within the hour. With reclaim, also when an
+        admitted Workload passes MIN_RUNTIME and when a preemption leaves the hourly budget."""
         if self.settings.usage_half_life > 0 or self.dirty:
             return now
-        return now + 3600.0
+        events = self.clock_events
+        while events and events[0] <= now:
+            heapq.heappop(events)
+        return min(now + 3600.0, events[0]) if events else now + 3600.0
 
     def extra(self) -> Mapping[str, float]:
         return {

@@ -117,3 +117,30 @@ def test_workloads_carry_their_reservation_time_and_kueues_preempted_condition()
         ("admit", 1, 100.0, None, None),
         ("admit", 0, 200.0, None, 100.0),
     ]
+
+
+@pytest.mark.parametrize("aggregate", [True, False])
+def test_reclaim_in_one_shared_cluster_queue_through_kueues_preemption(aggregate: bool) -> None:
+    """Team a holds all 8 GPUs with long jobs; team b asks for 2. With RECLAIM_ENABLED the
+    plan lowers the guards of two of a's Workloads once they ran MIN_RUNTIME, and the Kueue
+    model's LowerPriority preemption hands their GPUs to b's Workloads of the same class within
+    one LOOP_INTERVAL; the victims do not take them back. Without it nobody preempts. (The
+    plan then sees every admitted Workload: summaries cannot stand for single victims.)"""
+    epoch = tr.generate_trace(4, 1).epoch
+    js = [tr.SimJob(i, 0.0, 1e5, "a", PriorityClass.NORMAL, 1, 1, 100) for i in range(8)]
+    js += [tr.SimJob(8 + i, 100.0, 1000.0, "b", PriorityClass.NORMAL, 1, 1, 100)
+           for i in range(2)]
+    k = KueueConfig(within_cluster_queue="LowerPriority")
+    cfg = SimConfig(nodes=1, check_invariants=True)
+    on = Settings(reclaim_enabled=True, min_runtime=1800.0)
+    policy = WdrfKueue(on, epoch, aggregate_admitted=aggregate)
+    assert not policy.aggregate_admitted
+    r = KueueSim(js, cfg, k, policy).run()
+    pre = [e for e in r.evictions if e.reason == PREEMPTED]
+    assert len(pre) == 2 and {e.by for e in pre} == {8, 9}
+    assert all(js[e.job_id].team == "a" for e in pre)
+    assert all(1800.0 <= e.time <= 1800.0 + on.loop_interval for e in pre)
+    assert r.admit[8] == r.admit[9] == pre[0].time
+    assert not {(e.job_id, e.by) for e in pre} & {(e.by, e.job_id) for e in r.evictions}
+    off = KueueSim(js, cfg, k, WdrfKueue(Settings(), epoch)).run()
+    assert off.evictions == [] and off.admit[8] == 1e5
