@@ -51,7 +51,7 @@ from controller.accounting import (
     weighted_share,
 )
 from controller.classify import Classified, clamp_int32, classify, implied_base
-from controller.config import INT32_MAX, INT32_MIN, Settings
+from controller.config import INT32_MAX, INT32_MIN, MAX_TEAM_WEIGHT, MIN_TEAM_WEIGHT, Settings
 from controller.domain import (
     PRIORITY_TERMS_ANNOTATION,
     ApprovedScope,
@@ -59,6 +59,7 @@ from controller.domain import (
     ClusterSnapshot,
     InputProblem,
     JobInfo,
+    LocalQueue,
     OwnerInfo,
     PriorityClass,
     TeamSource,
@@ -573,10 +574,12 @@ def _fits(demand: Mapping[str, float], free: Mapping[str, float]) -> bool:
     return all(q <= free.get(d, 0.0) + 1e-9 for d, q in demand.items() if q > 0)
 
 
-def _free(acc: Accounts, pool: str) -> Vector:
-    """The pool's capacity no admitted Workload holds now (in its own dimensions)."""
+def _free(acc: Accounts, pool: str, single: Mapping[str, str]) -> Vector:
+    """The pool's capacity no admitted Workload holds now, in the dimensions pending demands
+    are counted in."""
     cap = acc.capacity.get(pool, {})
-    used = _sum(v for (p, _t), v in acc.current.items() if p == pool)
+    used = prospective_base(_sum(v for (p, _t), v in acc.current.items() if p == pool), cap,
+                            single)
     return {d: c - used.get(d, 0.0) for d, c in cap.items()}
 
 
@@ -597,6 +600,7 @@ class _Exposer:
     def __init__(self, acc: Accounts, settings: Settings, now: datetime,
                  admitted_classes: Mapping[str, Classified]) -> None:
         self.acc, self.settings, self.now = acc, settings, now
+        self.demands = _Demands(acc)
         self.classes = admitted_classes
         self.out: dict[str, Victim] = {}
         self.budget: dict[str, int] = {}
@@ -639,7 +643,7 @@ class _Exposer:
 
     def expose(self, cq: str, holders: list[Member], waiting: list[Scored]) -> None:
         pool = holders[0].pool
-        free = _free(self.acc, pool)
+        free = _free(self.acc, pool, self.demands.single(pool))
         if self.settings.team_scoped_approval():
             self._for_approval(cq, pool, holders, waiting, free)
         if self.settings.reclaim_enabled:
@@ -935,6 +939,52 @@ def plan_warnings(
     return warnings
 
 
+def kueue_team_weights(
+    snapshot: ClusterSnapshot, settings: Settings,
+) -> tuple[dict[str, float], list[str]]:
+    """Kueue's own weights per team: the `fairSharing.weight` of a ClusterQueue that one team
+    alone uses (its LocalQueues all belong to that team), or, in a ClusterQueue with Admission
+    Fair Sharing, of the LocalQueues of one team. With `TEAM_WEIGHTS: auto` these are the
+    weights; with explicit TEAM_WEIGHTS a difference is reported. (With TEAM_SOURCE=label a
+    queue's team is not known: nothing is read.)"""
+    if settings.team_source is TeamSource.LABEL:
+        return {}, []
+
+    def team_of_queue(lq: LocalQueue) -> str:
+        if settings.team_source is TeamSource.LOCAL_QUEUE:
+            return lq.key
+        return settings.team_namespaces.get(lq.namespace, lq.namespace)
+
+    queues = {cq.name: cq for cq in snapshot.cluster_queues}
+    teams_of: dict[str, set[str]] = {}
+    for lq in snapshot.local_queues:
+        teams_of.setdefault(lq.cluster_queue, set()).add(team_of_queue(lq))
+    found: dict[str, set[float]] = {}
+    for name, teams in teams_of.items():
+        cq = queues.get(name)
+        if cq is not None and len(teams) == 1 and cq.fair_sharing_weight is not None:
+            found.setdefault(next(iter(teams)), set()).add(float(cq.fair_sharing_weight))
+    for lq in snapshot.local_queues:
+        cq = queues.get(lq.cluster_queue)
+        if cq is not None and cq.admission_fair_sharing and lq.fair_sharing_weight is not None:
+            found.setdefault(team_of_queue(lq), set()).add(float(lq.fair_sharing_weight))
+    weights: dict[str, float] = {}
+    notes: list[str] = []
+    for team in sorted(found):
+        values = sorted(found[team])
+        if len(values) > 1:
+            notes.append(f"team {team}: Kueue's fairSharing weights disagree ({values}); "
+                         f"{values[0]:g} is used")
+        weights[team] = min(max(values[0], MIN_TEAM_WEIGHT), MAX_TEAM_WEIGHT)
+    if not settings.weights_from_kueue():
+        for team, kueue in weights.items():
+            mine = settings.team_weights.get(team, 1.0)
+            if abs(mine - kueue) > 1e-9 * max(mine, kueue):
+                notes.append(f"team {team}: TEAM_WEIGHTS gives {mine:g}, Kueue's fairSharing "
+                             f"weight is {kueue:g} (TEAM_WEIGHTS: auto takes Kueue's)")
+    return weights, notes
+
+
 def _team_summary(shares: Mapping[PoolTeam, TeamShare]) -> Mapping[str, TeamShare]:
     """Per team, its share in the pool where it is largest (ties: the first pool by name)."""
     best: dict[str, TeamShare] = {}
@@ -956,6 +1006,10 @@ def compute_plan(
     """Decide every pending, active Workload's priority and HAMi settings, and the guard of
     every admitted Workload that preemption can reach. Pure and deterministic."""
     g = gather(snapshot)
+    configured = settings
+    kueue_weights, weight_notes = kueue_team_weights(snapshot, settings)
+    if settings.weights_from_kueue():
+        settings = replace(settings, team_weights=MappingProxyType(kueue_weights))
     acc = account(g, snapshot, settings, now, history)
     scored = score_pending(acc, g, snapshot, settings, now)
     decisions = order(scored)
@@ -965,7 +1019,7 @@ def compute_plan(
         decisions=tuple(decisions),
         teams=_team_summary(acc.shares),
         problems=g.plan_problems,
-        warnings=tuple(plan_warnings(g, acc, settings)),
+        warnings=(*plan_warnings(g, acc, configured), *weight_notes),
         history=acc.history,
         pool_shares=acc.shares,
         reference=reference(now, settings.rebase_period),

@@ -1,0 +1,328 @@
+"""Reclaim inside a ClusterQueue and team-scoped approval, on the real `compute_plan`: which
+admitted Workloads the plan exposes to Kueue's preemption, for whom, and what it never does."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from decimal import Decimal
+
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+from wdrf_build import NOW, snapshot, wl
+from wdrf_build import settings as make_settings
+
+from controller.config import Settings
+from controller.domain import (
+    APPROVED_ANNOTATION,
+    GPU,
+    URGENT_ANNOTATION,
+    ApprovedScope,
+    ClusterQueue,
+    ClusterSnapshot,
+    KueueApiVersion,
+    Preemption,
+    PriorityClass,
+    ResourceQuota,
+    Workload,
+)
+from controller.plan import ExposureReason, Plan, WorkloadDecision
+from controller.policy import compute_plan
+
+HOUR = 3600.0
+RECLAIM = make_settings(reclaim_enabled=True)
+TEAM_SCOPE = make_settings(approved_scope=ApprovedScope.TEAM)
+CLASS_ANN = {PriorityClass.URGENT: {URGENT_ANNOTATION: "true"},
+             PriorityClass.APPROVED: {APPROVED_ANNOTATION: "true"},
+             PriorityClass.NORMAL: {}}
+
+
+def queue(gpus: int = 8, within: str = "LowerPriority", name: str = "cq",
+          cohort: str | None = None) -> ClusterQueue:
+    return ClusterQueue(name, KueueApiVersion.V1BETA2, cohort=cohort,
+                        quotas=(ResourceQuota("default", GPU, Decimal(gpus)),),
+                        preemption=Preemption(within_cluster_queue=within))
+
+
+def running(name: str, team: str, started_ago: float, gpus: int = 1,
+            cls: PriorityClass = PriorityClass.NORMAL, cq: str = "cq") -> Workload:
+    w = wl(name, team, gpu=str(gpus), admitted=True, wait=started_ago + 60,
+           annotations=CLASS_ANN[cls])
+    assert w.admission is not None
+    return replace(w, reserved_since=NOW - timedelta(seconds=started_ago),
+                   admission=replace(w.admission, cluster_queue=cq))
+
+
+def waiting(name: str, team: str, wait: float = 60.0, gpus: int = 1,
+            cls: PriorityClass = PriorityClass.NORMAL) -> Workload:
+    return wl(name, team, gpu=str(gpus), wait=wait, annotations=CLASS_ANN[cls])
+
+
+def plan_of(items: list[Workload], s: Settings, cq: ClusterQueue | None = None,
+            teams: tuple[str, ...] = ("team-a", "team-b")) -> tuple[ClusterSnapshot, Plan]:
+    snap = snapshot(items, cq=cq or queue(), teams=teams)
+    return snap, compute_plan(snap, s, NOW)
+
+
+def exposed(plan: Plan) -> dict[str, WorkloadDecision]:
+    return {d.key: d for d in plan.decisions
+            if d.admitted and d.breakdown is not None and d.breakdown.exposure is not None}
+
+
+def value(plan: Plan, key: str) -> int:
+    return next(d.target_priority for d in plan.decisions if d.key == key)
+
+
+# --------------------------------------------------------------------------------------------
+# Reclaim
+
+
+def _hog(n: int = 8, started: float = 2 * HOUR) -> list[Workload]:
+    """team-a holds every GPU; its later Workloads started later."""
+    return [running(f"a{i}", "team-a", started - i * 60) for i in range(n)]
+
+
+def test_reclaim_exposes_the_most_recently_started_just_enough() -> None:
+    items = [*_hog(), waiting("b0", "team-b"), waiting("b1", "team-b"),
+             waiting("a-next", "team-a", wait=5 * HOUR)]
+    _, plan = plan_of(items, RECLAIM)
+    victims = exposed(plan)
+    assert set(victims) == {"team-a/a7", "team-a/a6"}  # the two started last
+    for key, d in victims.items():
+        assert d.breakdown is not None and d.breakdown.exposure is not None
+        assert d.breakdown.exposure.reason is ExposureReason.RECLAIM
+        assert d.breakdown.exposure.for_teams == ("team-b",)
+        assert "state=reclaimable for=team-b" in d.terms
+        # team-b's Workloads may preempt it; team-a's own waiting one may not.
+        assert value(plan, "team-b/b0") > d.target_priority > value(plan, "team-a/a-next"), key
+    assert not any(d.breakdown and d.breakdown.exposure for d in plan.decisions
+                   if d.key not in victims)
+
+
+def test_off_by_default_and_where_the_queue_does_not_preempt() -> None:
+    items = [*_hog(), waiting("b0", "team-b")]
+    assert not exposed(plan_of(items, Settings())[1])
+    assert not exposed(plan_of(items, RECLAIM, cq=queue(within="Never"))[1])
+
+
+def test_min_runtime_protects_fresh_work() -> None:
+    items = [*_hog(started=20 * 60), waiting("b0", "team-b")]  # 20 min < MIN_RUNTIME 30 min
+    assert not exposed(plan_of(items, RECLAIM)[1])
+    assert exposed(plan_of(items, make_settings(reclaim_enabled=True, min_runtime=600.0))[1])
+
+
+def test_budget_counts_the_last_hours_preemptions() -> None:
+    items = [*_hog(), *(waiting(f"b{i}", "team-b") for i in range(3))]
+    s = make_settings(reclaim_enabled=True, reclaim_budget_per_hour=2)
+    assert len(exposed(plan_of(items, s)[1])) == 2
+    evicted = replace(waiting("b9", "team-b"), preempted_at=NOW - timedelta(minutes=30))
+    assert len(exposed(plan_of([*items, evicted], s)[1])) == 1
+    old = replace(evicted, preempted_at=NOW - timedelta(minutes=90))
+    assert len(exposed(plan_of([*items, old], s)[1])) == 2
+
+
+def test_no_reclaim_while_the_waiting_work_fits() -> None:
+    items = [*_hog(6), waiting("b0", "team-b"), waiting("b1", "team-b")]  # 2 GPUs free
+    assert not exposed(plan_of(items, RECLAIM)[1])
+
+
+def test_no_reclaim_below_the_margin() -> None:
+    # team-a 5 of 8 GPUs with W = 2: 1.25 x its entitlement, above 1.2; 4 GPUs would be 1.0.
+    items = [*_hog(5), running("b-run", "team-b", HOUR, gpus=3), waiting("b0", "team-b")]
+    victims = exposed(plan_of(items, RECLAIM)[1])
+    assert len(victims) <= 1
+    items = [*_hog(4), running("b-run", "team-b", HOUR, gpus=4), waiting("b0", "team-b")]
+    assert not exposed(plan_of(items, RECLAIM)[1])
+
+
+def test_reclaim_is_same_class_only() -> None:
+    items = [*_hog(), waiting("b0", "team-b", cls=PriorityClass.APPROVED)]
+    assert not exposed(plan_of(items, RECLAIM)[1])
+
+
+def test_no_second_reclaim_on_per_team_queues() -> None:
+    """Kueue's Fair Sharing reclaims across ClusterQueues; each queue has one team: the plan
+    adds nothing."""
+    qa, qb = queue(name="cq", cohort="all"), queue(name="cq-b", cohort="all")
+    items = [*_hog(), waiting("b0", "team-b")]
+    snap = snapshot(items, cq=qa, teams=("team-a",))
+    from controller.domain import LocalQueue
+    snap = replace(snap, cluster_queues=(qa, qb), local_queues=(
+        LocalQueue("team-a", "default", "cq"), LocalQueue("team-b", "default", "cq-b")))
+    assert not exposed(compute_plan(snap, RECLAIM, NOW))
+
+
+def test_a_reclaimed_workload_never_preempts_its_reclaimer_back() -> None:
+    items = [*_hog(), waiting("b0", "team-b")]
+    _, plan = plan_of(items, RECLAIM)
+    (victim,) = exposed(plan)
+    # Kueue preempts the victim for b0: b0 runs, the victim waits again.
+    after = [w for w in items if w.key not in (victim, "team-b/b0")]
+    after.append(running("b0", "team-b", 0))
+    after.append(replace(waiting(victim.split("/")[1], "team-a", wait=0),
+                         preempted_at=NOW, last_eviction=NOW))
+    for later in (0.0, 2 * HOUR, 30 * HOUR):
+        snap = snapshot([replace(w, reserved_since=w.reserved_since) for w in after],
+                        cq=queue(), teams=("team-a", "team-b"))
+        replan = compute_plan(snap, RECLAIM, NOW + timedelta(seconds=later))
+        assert not exposed(replan) or all(
+            "team-a" not in d.breakdown.exposure.for_teams  # type: ignore[union-attr]
+            for d in exposed(replan).values())
+        back = value(replan, victim)
+        reclaimer = next((d for d in replan.decisions if d.key == "team-b/b0"), None)
+        if reclaimer is not None:  # guarded (written) or left at a value above the victim
+            assert reclaimer.target_priority > back
+
+
+# --------------------------------------------------------------------------------------------
+# Team-scoped approval
+
+
+def test_team_approval_ranks_at_its_teams_head_and_no_higher() -> None:
+    items = [waiting("old", "team-a", wait=30 * HOUR), waiting("new", "team-a", wait=60),
+             waiting("b0", "team-b", wait=20 * HOUR),
+             waiting("ok", "team-a", wait=60, cls=PriorityClass.APPROVED)]
+    _, plan = plan_of(items, TEAM_SCOPE)
+    ok, old = value(plan, "team-a/ok"), value(plan, "team-a/old")
+    assert ok > old > value(plan, "team-a/new")
+    # without the approval, the team's head (old) would have had exactly ok - 1
+    plain = [w for w in items if w.name != "ok"] + [waiting("ok", "team-a", wait=60)]
+    _, before = plan_of(plain, TEAM_SCOPE)
+    assert ok == value(before, "team-a/old") + 1
+    # global scope: the approved band, above every normal Workload that waited up to 2 d 21 h
+    glob = plan_of(items, Settings())[1]
+    assert value(glob, "team-a/ok") > value(glob, "team-a/old")
+
+
+def test_team_approval_preempts_the_teams_own_normal_work_only() -> None:
+    items = [running(f"a{i}", "team-a", HOUR - i * 60) for i in range(4)]
+    items += [running(f"b{i}", "team-b", HOUR - i * 60) for i in range(4)]
+    items += [waiting("ok", "team-a", cls=PriorityClass.APPROVED, gpus=2),
+              waiting("a-more", "team-a", wait=40 * HOUR), waiting("b-more", "team-b")]
+    _, plan = plan_of(items, TEAM_SCOPE)
+    victims = exposed(plan)
+    assert set(victims) == {"team-a/a3", "team-a/a2"}  # two GPUs, started last
+    for d in victims.values():
+        assert d.breakdown is not None and d.breakdown.exposure is not None
+        assert d.breakdown.exposure.reason is ExposureReason.TEAM_APPROVAL
+        assert value(plan, "team-a/ok") > d.target_priority
+        assert d.target_priority > max(value(plan, "team-a/a-more"), value(plan, "team-b/b-more"))
+    # team-b's running work is guarded above the approved Workload (or untouched below none)
+    for d in plan.decisions:
+        if d.admitted and d.team == "team-b":
+            assert d.target_priority > value(plan, "team-a/ok")
+
+
+def test_team_approval_costs_no_write_while_it_fits() -> None:
+    items = [running("a0", "team-a", HOUR), waiting("ok", "team-a", cls=PriorityClass.APPROVED)]
+    assert not exposed(plan_of(items, TEAM_SCOPE)[1])
+
+
+# --------------------------------------------------------------------------------------------
+# Properties over random clusters (one ClusterQueue that preempts, four teams)
+
+TEAMS = ("team-a", "team-b", "team-c", "team-d")
+N, A, U = PriorityClass.NORMAL, PriorityClass.APPROVED, PriorityClass.URGENT
+# Running work, mostly team-a's (so that some team is over its entitlement), mostly normal.
+held_st = st.lists(st.tuples(st.sampled_from([0, 0, 0, 1, 2]), st.integers(1, 3),
+                             st.floats(0, 5 * HOUR), st.sampled_from([N, N, N, A, U])),
+                   min_size=1, max_size=10)
+wait_st = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.floats(0, 40 * HOUR),
+                             st.sampled_from(list(PriorityClass))), min_size=1, max_size=10)
+FAST = settings(max_examples=80, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def _cluster(held: list[tuple[int, int, float, PriorityClass]],
+             wants: list[tuple[int, int, float, PriorityClass]]) -> list[Workload]:
+    items = [running(f"r{i}", TEAMS[t], ago, g, cls) for i, (t, g, ago, cls) in enumerate(held)]
+    items += [waiting(f"w{i}", TEAMS[t], wait, g, cls)
+              for i, (t, g, wait, cls) in enumerate(wants)]
+    return items
+
+
+def _after_write(items: list[Workload], plan: Plan) -> dict[str, int]:
+    """Each Workload's effective priority once the plan is written (boost mode)."""
+    out = {w.key: w.priority or 0 for w in items}
+    out.update({d.key: d.target_priority for d in plan.decisions if not d.leave_unchanged})
+    return out
+
+
+@FAST
+@given(held_st, wait_st, st.sampled_from([RECLAIM, TEAM_SCOPE,
+                                          make_settings(reclaim_enabled=True,
+                                                        approved_scope=ApprovedScope.TEAM)]))
+def test_only_the_allowed_can_preempt_and_a_reclaim_never_favours_a_richer_team(
+    held: list[tuple[int, int, float, PriorityClass]],
+    wants: list[tuple[int, int, float, PriorityClass]], s: Settings,
+) -> None:
+    """After the plan is written, a pending Workload P ranks above an admitted Workload A only
+    if P's class is above what A's class protects (urgent), or A is exposed and P is allowed:
+    reclaim - same class, another team below its entitlement, whose usage over entitlement
+    once P runs is at most A's team's once A is gone; team approval - P approved, A normal,
+    the same team."""
+    items = _cluster(held, wants)
+    total = 16
+    used = {t: 0 for t in TEAMS}
+    for t, g, _ago, _cls in held:
+        used[TEAMS[t]] += g
+    assume(sum(used.values()) <= total)
+    _, plan = plan_of(items, s, cq=queue(gpus=total), teams=TEAMS)
+    after = _after_write(items, plan)
+    event(f"exposures: {bool(exposed(plan))}")
+    active = {TEAMS[t] for t, *_ in held} | {TEAMS[t] for t, *_ in wants}
+    w_total = len(active)
+    by_key = {d.key: d for d in plan.decisions}
+    for a in (w for w in items if w.quota_reserved):
+        a_cls = next(c for c, ann in CLASS_ANN.items()
+                     if ann.items() <= a.annotations.items() and (ann or not any(
+                         k in a.annotations for k in (URGENT_ANNOTATION, APPROVED_ANNOTATION))))
+        d_a = by_key.get(a.key)
+        exposure = d_a.breakdown.exposure if d_a and d_a.breakdown else None
+        for p in (w for w in items if not w.quota_reserved):
+            d_p = by_key[p.key]
+            assert d_p.breakdown is not None
+            p_cls = d_p.breakdown.priority_class
+            if max(after[p.key], p.priority or 0) < after[a.key]:
+                continue
+            if p_cls is PriorityClass.URGENT and a_cls is not PriorityClass.URGENT:
+                continue  # urgent preempts lower classes, as always
+            assert exposure is not None, (p.key, a.key)
+            if exposure.reason is ExposureReason.TEAM_APPROVAL:
+                assert p_cls is PriorityClass.APPROVED and a_cls is PriorityClass.NORMAL
+                assert p.namespace == a.namespace
+                continue
+            assert p_cls is a_cls and p.namespace != a.namespace
+            gpus_a = float(a.pod_sets[0].per_pod()[GPU])
+            us_p_now = used[p.namespace] / total * w_total
+            us_p_after = d_p.breakdown.dominant_share * w_total
+            us_a_after = (used[a.namespace] - max(gpus_a, float(p.pod_sets[0].per_pod()[GPU]))
+                          ) / total * w_total
+            assert us_p_now < 1.0
+            assert us_p_after <= us_a_after + 1e-9, (p.key, a.key)
+
+
+@FAST
+@given(held_st, wait_st)
+def test_victims_are_the_most_recently_started_of_their_team_and_class(
+    held: list[tuple[int, int, float, PriorityClass]],
+    wants: list[tuple[int, int, float, PriorityClass]],
+) -> None:
+    """Within a team and class, the victims are the Workloads that started last among those
+    that ran MIN_RUNTIME: a Workload that started later and ran long enough is a victim too."""
+    items = _cluster(held, wants)
+    _, plan = plan_of(items, RECLAIM, cq=queue(gpus=16), teams=TEAMS)
+    victims = exposed(plan)
+    assume(victims)
+    cls_of = {i: c for i, (_t, _g, _a, c) in enumerate(held)}
+    runs = {w.key: (w.reserved_since, cls_of[int(w.name[1:])]) for w in items
+            if w.quota_reserved}
+    limit = NOW - timedelta(seconds=RECLAIM.min_runtime)
+    for key in victims:
+        started, cls = runs[key]
+        assert started is not None and started <= limit
+        for other, (s_other, c_other) in runs.items():
+            if (other.split("/")[0] == key.split("/")[0] and c_other is cls
+                    and s_other is not None and started < s_other <= limit):
+                assert other in victims, (other, key)
+        assert "state=reclaimable" in victims[key].terms
