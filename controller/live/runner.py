@@ -43,7 +43,6 @@ from controller.live.api import (
     NODES,
     PODS,
     WORKLOADS,
-    ApiError,
     CountingTransport,
     GuardedTransport,
     RateLimitedTransport,
@@ -53,36 +52,23 @@ from controller.live.api import (
     Transport,
 )
 from controller.live.apply import (
-    APPLIED,
-    DEFERRED,
-    NOOP,
     REFUSED,
     Applier,
     ApplyReport,
-    Outcome,
 )
-from controller.live.backoff import Backoff
 from controller.live.cache import Informer, WatchSpec
-from controller.live.diff import PRIORITY, Change, Diff, Notice, plan_diff
+from controller.live.diff import Change, Diff, Notice, plan_diff
 from controller.live.discovery import (
     MODE_ANNOTATION,
     ModeChoice,
     QuotaCheck,
-    choose_kueue_version,
     kueue_resource,
-    mode_from_annotation,
-    read_priority_boost_gate,
-    read_quota_check,
-    resolve_mode,
-    served_versions,
 )
 from controller.live.events import EventRecorder
 from controller.live.health import Probes
 from controller.live.history import HistoryStore
 from controller.live.leader import LeaderElector, default_identity
 from controller.live.metrics import HttpServer, Metrics
-from controller.live.outcomes import finding_events, outcome_events
-from controller.live.owners import served_owner_resources
 from controller.live.secure_metrics import SecureMetricsServer, TokenAuthorizer, tls_context
 from controller.live.snapshot import (
     Built,
@@ -90,15 +76,12 @@ from controller.live.snapshot import (
     SnapshotBuilder,
     needs_prompt_cycle,
 )
+from controller.live.startup import Discovery
+from controller.live.writer import CycleWriter
 from controller.plan import (
-    HEAD_POSITIONS,
     Plan,
     PriorityMode,
     WorkloadDecision,
-    current_positions,
-    head_first,
-    pool_of,
-    positions_right,
 )
 from controller.workload import owner_key
 
@@ -126,11 +109,6 @@ def default_parsers() -> Parsers:
 
     return Parsers(parse_workload, parse_cluster_queue, parse_local_queue, parse_job, parse_node,
                    parse_owner)
-
-
-def order_writes(changes: list[Change], plan: Plan) -> list[Change]:
-    """Priority writes in the order Kueue will use them (`controller.plan.head_first`)."""
-    return head_first(changes, lambda c: c.decision, plan.decisions)
 
 
 @dataclass
@@ -207,19 +185,18 @@ class LiveController:
         self.builder = SnapshotBuilder(parsers or default_parsers())
         self.health = Probes(stale_after=max(60.0, 3 * settings.loop_interval))
         self.max_staleness = settings.cache_max_staleness
-        self.write_budget = settings.write_budget
+        self.cycle_writer = CycleWriter(self.applier, self.events, self.metrics,
+                                        settings.write_budget, self.stop_event.is_set)
         self.trigger = threading.Event()
         self._watch_timeout = watch_timeout
         self._threads: list[threading.Thread] = []
         self._warned: set[str] = set()
-        self._unconverged_since: dict[str, float] = {}  # ClusterQueue -> monotonic time
         self._reload_history = False
         self._redetect = False
         self._cycle_lock = threading.Lock()
-        self.mode: ModeChoice | None = None
-        self.quota_check = QuotaCheck()
-        self.owner_resources: list[Resource] = []  # served kinds in OWNER_KINDS
-        self.kueue_version: KueueApiVersion | None = None
+        self.discovery = Discovery(
+            self.reader, settings, dry_run,
+            lambda: self.elector.observed_annotations if self.elector is not None else None)
         self.informers: dict[str, Informer] = {}
         self.http: HttpServer | SecureMetricsServer | None = None
         self.cycles = 0
@@ -229,86 +206,31 @@ class LiveController:
     def _lease_annotations(self) -> dict[str, str]:
         return {MODE_ANNOTATION: self.mode.mode.value} if self.mode is not None else {}
 
-    def _persisted_mode(self) -> PriorityMode | None:
-        """The mode the leader recorded on the Lease (None when there is none)."""
-        from controller.live.api import LEASES
-
-        if self.elector is not None and self.elector.observed_annotations:
-            return mode_from_annotation(self.elector.observed_annotations.get(MODE_ANNOTATION))
-        try:
-            lease = self.reader.request(
-                "GET", LEASES.item(self.settings.lease_name, self.settings.controller_namespace))
-        except ApiError:
-            return None
-        ann = ((lease or {}).get("metadata") or {}).get("annotations") or {}
-        return mode_from_annotation(ann.get(MODE_ANNOTATION))
-
     def detect_mode(self) -> ModeChoice:
-        """The priority mode from Kueue's configuration; when that cannot be read (anything
-        but 404), the mode recorded on the Lease, else the last known one; raises `ApiError`
-        when there is neither."""
-        configured = self.settings.priority_mode
-        try:
-            gate, where = read_priority_boost_gate(self.reader, self.settings.kueue_namespace)
-        except ApiError as e:
-            if configured is not PriorityMode.AUTO:
-                return resolve_mode(configured, None, f"Kueue's configuration unreadable: {e}")
-            persisted = self._persisted_mode()
-            if persisted is not None:
-                return ModeChoice(persisted, None, f"auto: Kueue's configuration unreadable "
-                                  f"({e.status or e.reason}); mode {persisted.value} as "
-                                  f"recorded on Lease {self.settings.lease_name}")
-            if self.mode is not None:
-                return ModeChoice(self.mode.mode, self.mode.gate,
-                                  f"{self.mode.reason} (kept: Kueue's configuration "
-                                  f"unreadable: {e.status or e.reason})")
-            raise
-        return resolve_mode(configured, gate, where)
+        """`Discovery.detect_mode`."""
+        return self.discovery.detect_mode()
 
     def discover(self, deadline: float | None = None) -> None:
-        """Kueue API version and priority mode; retries until the apiserver answers (or
-        `stop_event`, or the monotonic `deadline`)."""
-        backoff = Backoff(initial=1.0, cap=30.0)
-        while not self.stop_event.is_set():
-            try:
-                self.kueue_version = choose_kueue_version(
-                    served_versions(self.reader, "kueue.x-k8s.io")
-                )
-                self.mode = self.detect_mode()
-                self.owner_resources = served_owner_resources(self.reader)
-                try:
-                    self.quota_check = read_quota_check(self.reader,
-                                                        self.settings.kueue_namespace)
-                except ApiError as e:
-                    log.warning("cannot read Kueue's resources configuration (%s): assuming "
-                                "BlockUndeclared (GPU fractions only where covered)", e)
-                break
-            except Exception as e:
-                delay = backoff.next()
-                if deadline is not None and time.monotonic() + delay > deadline:
-                    raise
-                log.warning("start-up discovery failed (%s); retrying in %.1fs", e, delay)
-                self.health.set_ready(False, f"discovery: {e}")
-                self.stop_event.wait(delay)
-        if self.mode is not None and self.kueue_version is not None:
-            log.info(
-                "Kueue API %s; priority mode %s (%s)%s",
-                self.kueue_version.value, self.mode.mode.value, self.mode.reason,
-                "; DRY RUN: nothing will be written" if self.dry_run else "",
-            )
+        """`Discovery.discover`, until the apiserver answers (or `stop_event`, or the monotonic
+        `deadline`); not ready meanwhile."""
+        self.discovery.discover(self.stop_event, deadline,
+                                lambda why: self.health.set_ready(False, why))
 
-    def _refresh_mode(self) -> None:
-        """On becoming leader: one fresh look at Kueue's configuration (the Lease records
-        the result); keeps the current mode when it cannot be read."""
-        try:
-            choice = self.detect_mode()
-        except ApiError as e:
-            log.warning("cannot re-read Kueue's configuration (%s); keeping mode %s", e,
-                        self.mode.mode.value if self.mode else "?")
-            return
-        if self.mode is None or choice.mode is not self.mode.mode:
-            log.warning("priority mode %s (%s)", choice.mode.value, choice.reason)
-        self.mode = choice
+    @property
+    def mode(self) -> ModeChoice | None:
+        return self.discovery.mode
+
+    @property
+    def kueue_version(self) -> KueueApiVersion | None:
+        return self.discovery.kueue_version
+
+    @property
+    def owner_resources(self) -> list[Resource]:
+        return self.discovery.owner_resources
+
+    @property
+    def quota_check(self) -> QuotaCheck:
+        return self.discovery.quota_check
 
     def _resource(self, base: Resource) -> Resource:
         assert self.kueue_version is not None
@@ -454,7 +376,7 @@ class LiveController:
         now = now or datetime.now(UTC)
         if self._redetect:
             self._redetect = False
-            self._refresh_mode()
+            self.discovery.refresh_mode()
         if self._reload_history and self.settings.usage_half_life > 0:
             self._reload_history = False
             self.history = self.history_store.load() or self.history
@@ -484,90 +406,9 @@ class LiveController:
     def _write(self, plan: Plan, built: Built, report: CycleReport) -> None:
         diff = self.diff(plan, built)
         report.changes, report.notices = list(diff.changes), list(diff.notices)
-        # HAMi (Job template) writes first: a template change can make Kueue rebuild a
-        # Workload's spec; the priority written after it then sticks.
-        hami = [c for c in diff.changes if c.what != PRIORITY]
-        prio = order_writes([c for c in diff.changes if c.what == PRIORITY], plan)
-        self._track_convergence(plan, prio)
-        over = prio[self.write_budget:] if self.write_budget >= 0 else []
-        prio = prio[: max(self.write_budget, 0)]
-        if over:
-            log.info("write budget: %d priority writes this cycle, %d wait for the next",
-                     len(prio), len(over))
-            for c in over:
-                self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
-
-        def after(outcome: Outcome) -> None:
-            outcome_events(self.events, outcome, built.workloads.get(outcome.change.decision.key))
-
-        guards, raises, held = self._guards_first(prio, after)
-        if held:
-            log.warning("%d priority write(s) held for the next cycle: a guard in their pool "
-                        "did not land", len(held))
-            for c in held:
-                self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
-        report.applied = ApplyReport(
-            self.applier.apply(hami, after).outcomes + guards
-            + self.applier.apply(raises, after).outcomes
-            + [Outcome(c, DEFERRED) for c in [*held, *over]]
-        )
-        if not self.stop_event.is_set():
-            finding_events(self.events, plan, diff)
+        report.applied = self.cycle_writer.write(plan, diff, built.workloads)
         if self.history is not None and not self.dry_run:
             self.history_store.save(self.history)
-
-    def _guards_first(
-        self, prio: list[Change], after: Callable[[Outcome], None]
-    ) -> tuple[list[Outcome], list[Change], list[Change]]:
-        """Admitted Workloads' guards are sent, and finished, before any other priority write
-        of the cycle: the writes run concurrently, and a pending Workload's raise that landed
-        before the guard it needs would let Kueue preempt the admitted one. Where a guard did
-        not land, the pool's other priority writes wait for the next cycle (re-planned then).
-        Returns the guards' outcomes, the writes to send now and the writes held."""
-        guards = [c for c in prio if c.decision.admitted]
-        rest = [c for c in prio if not c.decision.admitted]
-        if not guards:
-            return [], rest, []
-        outcomes = self.applier.apply(guards, after).outcomes
-        unsafe = {pool_of(o.change.decision) for o in outcomes
-                  if o.result not in (APPLIED, NOOP)}
-        now: list[Change] = []
-        held: list[Change] = []
-        for c in rest:
-            (held if pool_of(c.decision) in unsafe else now).append(c)
-        return outcomes, now, held
-
-    def _track_convergence(self, plan: Plan, writes: list[Change]) -> None:
-        """Per ClusterQueue, how many leading positions of Kueue's current order (the values
-        as observed, before this cycle's writes) are the plan's, and whether all are: a
-        queue with no pending priority write left is converged. Logs each queue when it
-        becomes converged."""
-        queues = {c.decision.cluster_queue or "-" for c in writes if not c.decision.admitted}
-        pending: dict[str, list[WorkloadDecision]] = {}
-        for d in plan.decisions:
-            if not d.admitted:
-                pending.setdefault(d.cluster_queue or "-", []).append(d)
-        current = current_positions(d for q in queues for d in pending.get(q, ()))
-        right = {q: positions_right(pending[q], current) if q in queues else len(pending[q])
-                 for q in pending}
-        now = time.monotonic()
-        for q, n in right.items():
-            if n < len(pending[q]):
-                self._unconverged_since.setdefault(q, now)
-            elif q in self._unconverged_since:
-                since = self._unconverged_since.pop(q)
-                log.info("ClusterQueue %s converged: its %d pending Workloads are in the plan's "
-                         "order (%.0fs after it was first seen out of order)", q, n, now - since,
-                         extra={"cluster_queue": q, "pending": n,
-                                "seconds": round(now - since, 1)})
-        for q in set(self._unconverged_since) - set(pending):
-            del self._unconverged_since[q]  # the queue has no pending Workload left
-        m = self.metrics
-        m.set_labelled(m.positions_right, {q: float(n) for q, n in right.items()})
-        m.set_labelled(m.order_converged,
-                       {q: float(n == len(pending[q])) for q, n in right.items()})
-        m.head_unconverged.set(sum(n < min(HEAD_POSITIONS, len(pending[q]))
-                                   for q, n in right.items()))
 
     def diff(self, plan: Plan, built: Built) -> Diff:
         assert self.mode is not None

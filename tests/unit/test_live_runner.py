@@ -467,7 +467,7 @@ def test_write_budget_defers_the_rest_to_the_next_cycle() -> None:
     for i in range(5):
         workload(api, "team-a", f"w{i}")
     c = controller(api, settings())
-    c.write_budget = 2
+    c.cycle_writer.budget = 2
     report = c.run_cycle(NOW)
     assert report.applied is not None
     assert report.applied.counts() == {"applied": 2, "deferred": 3}
@@ -559,7 +559,7 @@ def test_the_queues_head_is_written_first_when_the_budget_is_short() -> None:
         workload(api, "team-a", f"w{i}", minutes_ago=10 + i)
     workload(api, "team-a", "w3", minutes_ago=1, annotations={URGENT_ANNOTATION: "true"})
     c = controller(api, settings())
-    c.write_budget = 2
+    c.cycle_writer.budget = 2
     report = c.run_cycle(NOW)
     assert report.applied is not None
     applied = sorted(o.change.ref.name for o in report.applied.outcomes if o.result == "applied")
@@ -578,7 +578,7 @@ def test_convergence_per_cluster_queue_metric_and_log(caplog: pytest.LogCaptureF
     assert m.order_converged.labels("cq")._value.get() == 0
     assert m.head_unconverged._value.get() == 1
     resync(c)
-    with caplog.at_level(logging.INFO, logger="controller.live.runner"):
+    with caplog.at_level(logging.INFO, logger="controller.live.writer"):
         report = c.run_cycle(NOW + timedelta(seconds=10))
     assert report.changes == []
     assert m.positions_right.labels("cq")._value.get() == 2

@@ -1,0 +1,138 @@
+"""One cycle's writes: what is sent, in which order, under which budget, and what became of it.
+
+* HAMi (Job template) writes go first: a template change can make Kueue rebuild a Workload's
+  spec; the priority written after it then sticks.
+* Priority writes go in the order Kueue will use them (`controller.plan.head_first`), at most
+  WRITE_BUDGET per cycle; the rest wait for the next cycle (re-planned then).
+* Admitted Workloads' guards are sent, and finished, before any other priority write: the
+  writes run concurrently, and a pending Workload's raise that landed before the guard it needs
+  would let Kueue preempt the admitted one. Where a guard did not land, the pool's other
+  priority writes are held for the next cycle (docs/policy.md, "Preemption: safe by
+  construction").
+* Each outcome gets its Event (`controller.live.outcomes`), and per ClusterQueue the writer
+  records whether Kueue's current order is the plan's (the convergence metrics).
+
+Pure of process concerns: `LiveController` owns one and calls `write` once per leader cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from controller.domain import Workload
+from controller.live.apply import APPLIED, DEFERRED, NOOP, Applier, ApplyReport, Outcome
+from controller.live.diff import PRIORITY, Change, Diff
+from controller.live.events import EventRecorder
+from controller.live.metrics import Metrics
+from controller.live.outcomes import finding_events, outcome_events
+from controller.plan import (
+    HEAD_POSITIONS,
+    Plan,
+    WorkloadDecision,
+    current_positions,
+    head_first,
+    pool_of,
+    positions_right,
+)
+
+log = logging.getLogger(__name__)
+
+
+def order_writes(changes: list[Change], plan: Plan) -> list[Change]:
+    """Priority writes in the order Kueue will use them (`controller.plan.head_first`)."""
+    return head_first(changes, lambda c: c.decision, plan.decisions)
+
+
+class CycleWriter:
+    def __init__(self, applier: Applier, events: EventRecorder, metrics: Metrics, budget: int,
+                 stopping: Callable[[], bool]) -> None:
+        self.applier = applier
+        self.events = events
+        self.metrics = metrics
+        self.budget = budget  # priority writes per cycle at most (WRITE_BUDGET)
+        self._stopping = stopping
+        self._unconverged_since: dict[str, float] = {}  # ClusterQueue -> monotonic time
+
+    def write(self, plan: Plan, diff: Diff, workloads: Mapping[str, Workload]) -> ApplyReport:
+        """Send one plan's changes; the report has an outcome for every change (DEFERRED for
+        those over the budget or held behind a guard that did not land)."""
+        hami = [c for c in diff.changes if c.what != PRIORITY]
+        prio = order_writes([c for c in diff.changes if c.what == PRIORITY], plan)
+        self._track_convergence(plan, prio)
+        over = prio[self.budget:] if self.budget >= 0 else []
+        prio = prio[: max(self.budget, 0)]
+        if over:
+            log.info("write budget: %d priority writes this cycle, %d wait for the next",
+                     len(prio), len(over))
+            for c in over:
+                self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
+
+        def after(outcome: Outcome) -> None:
+            outcome_events(self.events, outcome, workloads.get(outcome.change.decision.key))
+
+        guards, raises, held = self._guards_first(prio, after)
+        if held:
+            log.warning("%d priority write(s) held for the next cycle: a guard in their pool "
+                        "did not land", len(held))
+            for c in held:
+                self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
+        report = ApplyReport(
+            self.applier.apply(hami, after).outcomes + guards
+            + self.applier.apply(raises, after).outcomes
+            + [Outcome(c, DEFERRED) for c in [*held, *over]]
+        )
+        if not self._stopping():
+            finding_events(self.events, plan, diff)
+        return report
+
+    def _guards_first(
+        self, prio: list[Change], after: Callable[[Outcome], None]
+    ) -> tuple[list[Outcome], list[Change], list[Change]]:
+        """Sends the admitted Workloads' guards and waits for them. Returns their outcomes,
+        the writes to send now and the writes held (their pool's guard did not land)."""
+        guards = [c for c in prio if c.decision.admitted]
+        rest = [c for c in prio if not c.decision.admitted]
+        if not guards:
+            return [], rest, []
+        outcomes = self.applier.apply(guards, after).outcomes
+        unsafe = {pool_of(o.change.decision) for o in outcomes
+                  if o.result not in (APPLIED, NOOP)}
+        now: list[Change] = []
+        held: list[Change] = []
+        for c in rest:
+            (held if pool_of(c.decision) in unsafe else now).append(c)
+        return outcomes, now, held
+
+    def _track_convergence(self, plan: Plan, writes: list[Change]) -> None:
+        """Per ClusterQueue, how many leading positions of Kueue's current order (the values
+        as observed, before this cycle's writes) are the plan's, and whether all are: a
+        queue with no pending priority write left is converged. Logs each queue when it
+        becomes converged."""
+        queues = {c.decision.cluster_queue or "-" for c in writes if not c.decision.admitted}
+        pending: dict[str, list[WorkloadDecision]] = {}
+        for d in plan.decisions:
+            if not d.admitted:
+                pending.setdefault(d.cluster_queue or "-", []).append(d)
+        current = current_positions(d for q in queues for d in pending.get(q, ()))
+        right = {q: positions_right(pending[q], current) if q in queues else len(pending[q])
+                 for q in pending}
+        now = time.monotonic()
+        for q, n in right.items():
+            if n < len(pending[q]):
+                self._unconverged_since.setdefault(q, now)
+            elif q in self._unconverged_since:
+                since = self._unconverged_since.pop(q)
+                log.info("ClusterQueue %s converged: its %d pending Workloads are in the plan's "
+                         "order (%.0fs after it was first seen out of order)", q, n, now - since,
+                         extra={"cluster_queue": q, "pending": n,
+                                "seconds": round(now - since, 1)})
+        for q in set(self._unconverged_since) - set(pending):
+            del self._unconverged_since[q]  # the queue has no pending Workload left
+        m = self.metrics
+        m.set_labelled(m.positions_right, {q: float(n) for q, n in right.items()})
+        m.set_labelled(m.order_converged,
+                       {q: float(n == len(pending[q])) for q, n in right.items()})
+        m.head_unconverged.set(sum(n < min(HEAD_POSITIONS, len(pending[q]))
+                                   for q, n in right.items()))
