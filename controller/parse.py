@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from controller import yamlload
 from controller.domain import (
     EMPTY_MAPPING,
     KUEUE_GROUP,
@@ -649,13 +650,17 @@ def load_documents(paths: Iterable[str | os.PathLike[str]]) -> list[object]:
                     raise SnapshotFileError(
                         f"{f}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"
                     ) from None
+            except RecursionError:
+                raise SnapshotFileError(f"{f}: not valid JSON: nested too deeply") from None
         try:
-            docs.extend(d for d in yaml.load_all(text, Loader=_Loader) if d is not None)
+            docs.extend(d for d in yamlload.load_all(text) if d is not None)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"{f}:{mark.line + 1}:{mark.column + 1}" if mark else str(f)
             problem = getattr(exc, "problem", None) or str(exc)
             raise SnapshotFileError(f"{where}: not valid YAML: {problem}") from None
+        except ValueError as exc:  # a value the YAML 1.1 constructors refuse (2026-13-45)
+            raise SnapshotFileError(f"{f}: not valid YAML: {exc}") from None
     if not docs:
         raise SnapshotFileError("no documents in " + ", ".join(map(str, paths)))
     for d in docs:
@@ -690,24 +695,3 @@ def kinds_found(docs: Iterable[object]) -> str:
         else:
             counts["object without a kind"] += 1
     return ", ".join(f"{n} {what}" for what, n in counts.most_common()) or "nothing"
-
-
-# CSafeLoader when libyaml is there: several times faster on big snapshots.
-_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _Loader(_BaseLoader):  # type: ignore[misc]
-    """Safe loading without aliases: Kubernetes output never has them, and an alias is how a
-    hostile file explodes (a self-reference gives a cycle, "billion laughs" expands 10^9-fold
-    when walked). The node graph is built without expanding, so rejecting the second visit
-    of a node is fast."""
-
-    def construct_object(self, node: Any, deep: bool = False) -> Any:
-        if node in self.constructed_objects or node in self.recursive_objects:
-            raise yaml.constructor.ConstructorError(
-                None, None,
-                "YAML aliases (*name) are not accepted in a snapshot; one refers to the node "
-                "anchored here",
-                node.start_mark,
-            )
-        return super().construct_object(node, deep)
