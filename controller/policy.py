@@ -91,6 +91,8 @@ from controller.plan import (
 __all__ = ["clamp_int32", "compute_plan", "implied_base"]
 
 PoolTeam = tuple[str, str]
+# The priority-terms `state` of an exposed admitted Workload, per reason.
+_STATE = {ExposureReason.RECLAIM: "reclaimable", ExposureReason.TEAM_APPROVAL: "yielding"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -227,20 +229,26 @@ def _history_key(pool: str, team: str) -> str:
     return f"{pool}|{team}"
 
 
-def _previous_level(w: Workload, pool: str, team: str, levels: int) -> int | None:
-    """The fairness level the last plan gave this Workload, read back from the priority-terms
-    annotation the controller wrote on it (same pool and team only). Pure: a restarted
-    controller keeps its hysteresis."""
+def _previous(w: Workload, pool: str, team: str, levels: int) -> tuple[int | None, str]:
+    """What the last plan wrote on this Workload, read back from its priority-terms annotation
+    (pure: a restarted controller keeps its hysteresis): its fairness level (same pool and team
+    only), and - when Kueue preempted it while it was exposed - for whom ("" otherwise)."""
     text = w.annotations.get(PRIORITY_TERMS_ANNOTATION)
     if not text:
-        return None
+        return None, ""
     terms = parse_terms(text)
+    taken = ""
+    if w.preempted_at is not None:
+        if terms.get("state") in _STATE.values():
+            taken = terms.get("for", "")
+        else:
+            taken = terms.get("reclaimed-for", "")
     if terms.get("pool") != pool or terms.get("team") != team:
-        return None
+        return None, taken
     level, sep, of = terms.get("level", "").partition("/")
     if not sep or of != str(levels) or not level.isdigit():
-        return None
-    return int(level)
+        return None, taken
+    return int(level), taken
 
 
 def account(
@@ -464,8 +472,8 @@ def _score_team(
             if cd > 0 and rw > 0 and vec[dim] / cd * rw / tw > share:
                 share, dominant = vec[dim] / cd * rw / tw, dim
         s.demand, s.share = demand, share
-        level = min(ceiling, fairness_level(share, total, settings,
-                                            _previous_level(w, pool, team, levels)))
+        previous, taken = _previous(w, pool, team, levels)
+        level = min(ceiling, fairness_level(share, total, settings, previous))
         ceiling = level
         fairness = level_points(level, settings)
         cls = c.priority_class
@@ -494,6 +502,8 @@ def _score_team(
         s.target, s.boost, s.problems = target, boost, problems
         s.terms = pending_terms(cls, team, pool, level, levels, fairness, iso(credited),
                                 ref_iso, c.base, c.override, target)
+        if taken:
+            s.terms += f" reclaimed-for={taken}"
 
 
 def preempting_pools(queues: Iterable[ClusterQueue]) -> frozenset[str]:
@@ -552,9 +562,6 @@ class Victim:
 
     exposure: Exposure
     allowed: Callable[[Scored], bool]
-
-
-_STATE = {ExposureReason.RECLAIM: "reclaimable", ExposureReason.TEAM_APPROVAL: "yielding"}
 
 
 def _size(vec: Mapping[str, float], cap: Mapping[str, float]) -> float:

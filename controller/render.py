@@ -17,6 +17,7 @@ import yaml
 
 from controller.config import Settings
 from controller.plan import (
+    ExposureReason,
     Plan,
     PriorityBreakdown,
     TeamShare,
@@ -95,6 +96,12 @@ def reason(d: WorkloadDecision) -> str:
         return ""
     if b.override is not None:
         return f"override {b.override}"
+    if b.exposure is not None:
+        e = b.exposure
+        if e.reason is ExposureReason.RECLAIM:
+            return (f"reclaimable: team {d.team} holds {e.over_entitlement:.2f}x its "
+                    f"entitlement; {', '.join(e.for_teams)} (below theirs) may preempt it")
+        return f"yielding: team {d.team}'s approved work may preempt it"
     if b.guard:
         return f"{b.priority_class.value} guard: no preemption by its class"
     base = f" + base {b.base_term}" if b.base_term else ""

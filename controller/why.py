@@ -338,7 +338,17 @@ def _advice(r: Report) -> list[str]:
     if r.state == "finished":
         return ["It has finished; nothing is waiting."]
     if r.state == "admitted":
-        return ["It is admitted: Kueue reserved its quota and its pods may run."]
+        out = ["It is admitted: Kueue reserved its quota and its pods may run."]
+        state, team, teams = r.terms.get("state"), r.terms.get("team", "?"), r.terms.get("for")
+        if state == "reclaimable":
+            out.append(f"Team {team} holds {r.terms.get('over', '?')}x its entitlement in "
+                       f"{pool_name(r.terms.get('pool', ''))} and this Workload ran past "
+                       f"MIN_RUNTIME: Kueue may preempt it for waiting work of team(s) {teams} "
+                       "(same class, below their entitlement) - a reclaim.")
+        elif state == "yielding":
+            out.append(f"Team {team}'s lead approved other work of the team: Kueue may preempt "
+                       "this normal Workload for it (and for nothing of another team).")
+        return out
     if r.state == "quota-reserved":
         return ["Kueue reserved its quota; it waits for admission checks "
                 f"({r.kueue_message or 'see the Workload status'})."]
@@ -356,6 +366,10 @@ def _advice(r: Report) -> list[str]:
     if r.requeue_at:
         out.append(f"Kueue requeues it after a backoff at {r.requeue_at}.")
     t = r.terms
+    if t.get("reclaimed-for"):
+        out.append(f"Kueue preempted it while its team was over its entitlement, for waiting "
+                   f"work of team(s) {t['reclaimed-for']} (a reclaim); it waits again, its wait "
+                   "counted from the eviction.")
     if not t:
         out.append("The WDRF controller has not published a priority breakdown on this Workload "
                    f"(annotation {TERMS_ANNOTATION}): it is not running, or has not reached it "

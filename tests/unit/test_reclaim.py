@@ -326,3 +326,24 @@ def test_victims_are_the_most_recently_started_of_their_team_and_class(
                     and s_other is not None and started < s_other <= limit):
                 assert other in victims, (other, key)
         assert "state=reclaimable" in victims[key].terms
+
+
+def test_the_plan_and_the_requeued_victim_say_it_was_reclaimed_and_for_whom() -> None:
+    from controller.domain import PRIORITY_TERMS_ANNOTATION
+    from controller.render import reason
+
+    items = [*_hog(), waiting("b0", "team-b")]
+    _, plan = plan_of(items, RECLAIM)
+    (victim,) = exposed(plan).values()
+    assert reason(victim) == ("reclaimable: team team-a holds 2.00x its entitlement; team-b "
+                              "(below theirs) may preempt it")
+    name = victim.key.split("/")[1]
+    requeued = replace(waiting(name, "team-a", wait=0), preempted_at=NOW, last_eviction=NOW,
+                       annotations={PRIORITY_TERMS_ANNOTATION: victim.terms})
+    rest = [w for w in items if w.key != victim.key]
+    _, replan = plan_of([*rest, requeued], RECLAIM)
+    terms = next(d.terms for d in replan.decisions if d.key == victim.key)
+    assert terms.endswith(" reclaimed-for=team-b")
+    # not preempted (only its guard went back up): no such note
+    _, plain = plan_of([*rest, replace(requeued, preempted_at=None)], RECLAIM)
+    assert "reclaimed-for" not in next(d.terms for d in plain.decisions if d.key == victim.key)

@@ -313,3 +313,21 @@ def test_why_share_band_that_rounds_to_one_value_is_said_once(api: FakeApi) -> N
     assert band is not None
     assert f"uses about {band[0]:.1f}x its share" in text
     assert f"{band[0]:.1f}-{band[1]:.1f}x" not in text
+
+
+def test_why_says_a_workload_is_reclaimable_or_was_reclaimed(api: FakeApi) -> None:
+    admitted = [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved",
+                 "message": ""},
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "ok"}]
+    put(api, workload("held-long", conditions=admitted, ann={
+        "wdrf.x-k8s.io/priority-terms": "v2 class=normal team=team-a pool=cq/cq-gpu "
+        "state=reclaimable for=team-b over=2.00 override=- priority=1500"}))
+    r = why(api, "team-a", "held-long", now=NOW)
+    assert r.advice[1] == ("Team team-a holds 2.00x its entitlement in ClusterQueue cq-gpu and "
+                           "this Workload ran past MIN_RUNTIME: Kueue may preempt it for waiting "
+                           "work of team(s) team-b (same class, below their entitlement) - a "
+                           "reclaim.")
+    put(api, workload("taken", ann={"wdrf.x-k8s.io/priority-terms": TERMS + (
+        " reclaimed-for=team-b")}))
+    r = why(api, "team-a", "taken", now=NOW)
+    assert any("for waiting work of team(s) team-b (a reclaim)" in a for a in r.advice)
