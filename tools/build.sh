@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
 # Builds the test control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
-# Kueue's manager, kwok) and helm (chart tests) from the pinned Go tools modules into tools/bin/
-# (git-ignored).
+# Kueue's manager, kwok), helm (chart tests) and HAMi's scheduler into tools/bin/ (git-ignored).
+# All but HAMi come from the pinned Go tools modules; HAMi's module is not served by the module
+# proxy, so its source is the tarball ../shared/src/$HAMI_TARBALL beside the repository, pinned
+# by name and sha256 below (its dependencies still come from the proxy, checked against go.sum).
 #
-# A binary is rebuilt only when its module's go.mod/go.sum (or this script's build settings)
-# change: tools/bin/.stamp/<binary> records the sha256 of those inputs.
+# A binary is rebuilt only when its inputs (go.mod/go.sum, HAMi's tarball, this script's build
+# settings) change: tools/bin/.stamp/<binary> records the sha256 of those inputs.
 #
 # Usage: bash tools/build.sh [binary ...]     (default: all)
 # Env:   FORCE=1 rebuilds even when the stamps match.
+#        WDRF_TOOLS_BIN=DIR builds into DIR instead of tools/bin (the tests read the same variable).
+#        WDRF_SHARED=DIR is the ../shared folder (default: the one beside the repository).
 set -euo pipefail
 
 TOOLS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-BIN="$TOOLS/bin"
+BIN="${WDRF_TOOLS_BIN:-$TOOLS/bin}"
 STAMPS="$BIN/.stamp"
+SHARED="${WDRF_SHARED:-$TOOLS/../../shared}"
 export CGO_ENABLED=0 GOTOOLCHAIN=local
+# HAMi v2.10.0 (commit 4707fb02c91c545bc7343ce26dba4c32919f9a3e), see ../shared/src/README.md.
+HAMI_TARBALL=hami-v2.10.0-4707fb0.tar.gz
+HAMI_SHA256=0222978e647360ac1113ac50d496266cbb1243a67756ecf9a39a3e2fb7136b68
+HAMI_VERSION=v2.10.0
+HAMI_REVISION=4707fb02c91c545bc7343ce26dba4c32919f9a3e
 # Kueue needs sigs.k8s.io/scheduler-library, whose version is not in the public checksum
 # database; go.sum pins its hash, this only matters when go.sum is regenerated.
 export GONOSUMDB="${GONOSUMDB:+$GONOSUMDB,}sigs.k8s.io/scheduler-library"
@@ -36,8 +46,9 @@ declare -A SPEC=(
   [kube-scheduler]="k8s k8s.io/kubernetes/cmd/kube-scheduler"
   [kwok]="kwok sigs.k8s.io/kwok/cmd/kwok"
   [helm]="helm helm.sh/helm/v3/cmd/helm"
+  [hami-scheduler]="- ./cmd/scheduler"
 )
-ORDER=(etcd kube-apiserver kueue kube-controller-manager kube-scheduler kwok helm)
+ORDER=(etcd kube-apiserver kueue kube-controller-manager kube-scheduler kwok helm hami-scheduler)
 
 modversion() { # <module-dir> <module path>: the required version, read from go.mod
   local v
@@ -69,6 +80,10 @@ ldflags_for() { # <binary>
     flags+=" -X helm.sh/helm/v3/internal/version.version=$(modversion helm helm.sh/helm/v3)"
     flags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
     ;;
+  hami-scheduler)
+    flags+=" -X github.com/Project-HAMi/HAMi/pkg/version.version=$HAMI_VERSION"
+    flags+=" -X github.com/Project-HAMi/HAMi/pkg/version.revision=$HAMI_REVISION"
+    ;;
   esac
   echo "$flags"
 }
@@ -85,8 +100,51 @@ ensure_modules() { # <module-dir>: download what the module needs, or say what i
   fi
 }
 
+hami_tarball() { # the pinned tarball's path, after checking its checksum
+  local f="$SHARED/src/$HAMI_TARBALL" sum
+  [[ -f "$f" ]] || die "what is missing: $f (HAMi's source; ../shared/src beside the repository, or set WDRF_SHARED)"
+  sum="$(sha256sum "$f" | cut -d' ' -f1)"
+  [[ "$sum" == "$HAMI_SHA256" ]] || die "$f has sha256 $sum, expected $HAMI_SHA256"
+  echo "$f"
+}
+
+build_hami() { # HAMi's scheduler (extender + webhook) from the tarball
+  local name=hami-scheduler flags stamp t0 tarball src out
+  tarball="$(hami_tarball)"
+  flags="$(ldflags_for "$name")"
+  stamp="$( { echo "$HAMI_SHA256 $flags cgo"; go env GOVERSION; } | sha256sum | cut -d' ' -f1)"
+  if [[ -z "${FORCE:-}" && -x "$BIN/$name" && "$(cat "$STAMPS/$name" 2>/dev/null)" == "$stamp" ]]; then
+    log "$name: up to date"
+    return
+  fi
+  # HAMi links NVIDIA's NVML bindings, which need cgo (the library itself is only loaded at run
+  # time by the device plugin, never by the scheduler).
+  command -v "$(go env CC)" >/dev/null 2>&1 ||
+    die "what is missing: a C compiler ($(go env CC)); HAMi's scheduler builds with cgo (Debian: apt-get install gcc)"
+  src="$BIN/.src"
+  rm -rf "$src" && mkdir -p "$src"
+  tar -xzf "$tarball" -C "$src"
+  log "$name: building ./cmd/scheduler from $HAMI_TARBALL ..."
+  t0=$SECONDS
+  if ! out="$(cd "$src/hami" && go mod download 2>&1)"; then
+    echo "$out" | tail -20 >&2
+    die "what is missing: the Go modules HAMi needs are neither in the module cache ($(go env GOMODCACHE)) nor downloadable from the Go module proxy (GOPROXY=$(go env GOPROXY))."
+  fi
+  # (NVML's header marks many calls deprecated: those warnings say nothing about this build)
+  (cd "$src/hami" && CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" go build -trimpath -buildvcs=false -o "$BIN/$name.tmp" -ldflags "$flags" ./cmd/scheduler) ||
+    die "building $name failed (see the go output above)"
+  mv -f "$BIN/$name.tmp" "$BIN/$name"
+  rm -rf "$src"
+  echo "$stamp" >"$STAMPS/$name"
+  log "$name: built in $((SECONDS - t0)) s ($(du -h "$BIN/$name" | cut -f1))"
+}
+
 build_one() { # <binary>
   local name="$1" dir pkg flags stamp t0
+  if [[ "$name" == hami-scheduler ]]; then
+    build_hami
+    return
+  fi
   read -r dir pkg <<<"${SPEC[$name]}"
   [[ -f "$TOOLS/$dir/go.sum" ]] || die "what is missing: tools/$dir/go.sum (run 'go mod tidy' in tools/$dir)"
   flags="$(ldflags_for "$name")"
