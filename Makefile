@@ -79,6 +79,14 @@ test: venv tools promtool image-tools lint
 cluster: venv tools
 	$(PY) -m tests.support.cluster $(CLUSTER_ARGS)
 
+# HAMi's scheduler on the plane: the longer mixed arrival of fractional, whole and multi-GPU Jobs,
+# HAMi's defaults vs the controller's rules (`make test` runs the short one, 1 node x 3 cards).
+.PHONY: hami-long
+hami-long: venv tools
+	WDRF_HAMI_NODES=$${WDRF_HAMI_NODES:-3x4} \
+	WDRF_HAMI_ARRIVALS=$${WDRF_HAMI_ARRIVALS:-f,h,f,w,f,g2,h,f,w,f,g2,f,f,g4} \
+	$(PY) -m pytest -s -p no:cacheprovider tests/plane/test_hami_plane.py -k binpack
+
 # Issue 12 soak on the real plane (default 20 min; CI runs the 60 s variant in `make test`).
 .PHONY: soak
 soak: venv tools

@@ -2,6 +2,7 @@
 
     make cluster                         # or: .venv/bin/python -m tests.support.cluster
     python -m tests.support.cluster --e2e --gpu-nodes 2 --no-priority-boost
+    make cluster CLUSTER_ARGS="--hami --hami-nodes 2"   # HAMi's scheduler, webhook, GPU nodes
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 import time
 from types import FrameType
 
-from tests.support import kube
+from tests.support import hami, kube
 from tests.support.plane import KueueSettings, Plane
 from tests.support.procs import PlaneError
 
@@ -24,6 +25,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                     help="also run kube-controller-manager, kube-scheduler and kwok")
     ap.add_argument("--gpu-nodes", type=int, default=0,
                     help="fake kwok GPU nodes to create (implies --e2e)")
+    ap.add_argument("--hami", action="store_true",
+                    help="also run HAMi's scheduler (extender + webhook) as its chart does "
+                         "(implies --e2e); label namespaces wdrf-test/hami=true to use it")
+    ap.add_argument("--hami-nodes", type=int, default=0,
+                    help="kwok nodes registered as HAMi's device plugin does, 8 H100 each "
+                         "(implies --hami)")
     ap.add_argument("--no-priority-boost", action="store_true",
                     help="start Kueue with the PriorityBoost feature gate off")
     ap.add_argument("--keep", action="store_true", help="keep the work dir after exit")
@@ -39,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
-    e2e = args.e2e or args.gpu_nodes > 0
+    with_hami = args.hami or args.hami_nodes > 0
+    e2e = args.e2e or args.gpu_nodes > 0 or with_hami
     settings = KueueSettings(priority_boost=not args.no_priority_boost)
     t0 = time.monotonic()
     try:
@@ -47,9 +55,13 @@ def main(argv: list[str] | None = None) -> int:
             api = plane.api_client()
             for i in range(args.gpu_nodes):
                 kube.create_gpu_node(api, f"gpu-node-{i}", gpus=8)
+            if with_hami:
+                plane.start_hami()
+                for i in range(args.hami_nodes):
+                    hami.create_node(plane, f"hami-node-{i}", hami.cards(f"hami-node-{i}", 8))
             print(f"\ncontrol plane up in {time.monotonic() - t0:.1f}s "
                   f"(Kueue PriorityBoost={'on' if settings.priority_boost else 'off'}"
-                  f"{', e2e' if e2e else ''})")
+                  f"{', e2e' if e2e else ''}{', HAMi' if with_hami else ''})")
             print(f"  export KUBECONFIG={plane.kubeconfig}")
             print(f"  kubectl --kubeconfig {plane.kubeconfig} get clusterqueues,workloads -A")
             print(f"  logs: {plane.logs}")

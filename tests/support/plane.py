@@ -1,5 +1,6 @@
 """A real Kubernetes control plane for tests and development: etcd + kube-apiserver + Kueue's
-manager (with its webhooks), optionally kube-controller-manager, kube-scheduler and kwok.
+manager (with its webhooks), optionally kube-controller-manager, kube-scheduler and kwok, and
+HAMi's scheduler as its chart runs it (``start_hami``, see :mod:`tests.support.hami`).
 
 Binaries come from ``tools/bin`` (built by ``make tools``). Usage outside pytest::
 
@@ -53,6 +54,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from tests.support import hami
 from tests.support.certs import FRONT_PROXY_CLIENT, Pki, make_pki, shared_serving_cert
 from tests.support.procs import PlaneError, Proc, free_port, wait_until
 
@@ -60,6 +62,7 @@ REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "tools"
 CORE_BINARIES = ("etcd", "kube-apiserver", "kueue")
 E2E_BINARIES = ("kube-controller-manager", "kube-scheduler", "kwok")
+HAMI_BINARIES = ("hami-scheduler", "kube-scheduler")
 KUEUE_NAMESPACE = "kueue-system"
 KUEUE_CONFIGMAP = "kueue-manager-config"
 KUEUE_CONFIG_KEY = "controller_manager_config.yaml"
@@ -238,7 +241,7 @@ class Plane:
         self.token = base64.urlsafe_b64encode(os.urandom(24)).decode().rstrip("=")
         self.ports = {n: free_port() for n in (
             "etcd", "etcd-peer", "apiserver", "kueue-webhook", "kueue-health", "kcm",
-            "scheduler", "kwok", "kueue-visibility")}
+            "scheduler", "kwok", "kueue-visibility", "hami", "hami-metrics", "hami-kube-scheduler")}
         self.host_ip = host_ip()
         # why the visibility API is not served ("" when it is)
         self.visibility_missing = "" if self.host_ip else (
@@ -255,6 +258,7 @@ class Plane:
         self._kueue_module: Path | None = None
         self._visibility_ca = VISIBILITY_CERT_DIR / "ca.crt"
         self._visibility_cert_ok = False
+        self.hami_plugin: hami.DevicePluginStandIn | None = None
 
     # ----- construction helpers -------------------------------------------------------------
     @classmethod
@@ -321,6 +325,9 @@ class Plane:
 
     def stop(self) -> None:
         """Stop every process of this plane (reverse start order)."""
+        if self.hami_plugin is not None:
+            self.hami_plugin.stop()
+            self.hami_plugin = None
         for name in reversed(list(self.procs)):
             self.procs[name].stop()
 
@@ -614,6 +621,46 @@ class Plane:
         wait_until("kwok /healthz",
                    lambda: _http_ok(f"http://127.0.0.1:{self.ports['kwok']}/healthz"), 60, procs)
         self.timings["e2e"] = time.monotonic() - t0
+
+    def start_hami(self) -> None:
+        """Start HAMi as its chart runs it, on top of :meth:`start_e2e` (idempotent):
+        hami-scheduler (extender + webhook), its MutatingWebhookConfiguration, a kube-scheduler
+        with the ``hami-scheduler`` profile, and the device plugin's stand-in
+        (:mod:`tests.support.hami`)."""
+        self.start_e2e()
+        self._bins.update(require_binaries(HAMI_BINARIES))
+        t0 = time.monotonic()
+        d = self.workdir / "hami"
+        d.mkdir(exist_ok=True)
+        if not self._running("hami-scheduler"):
+            dev = d / "device-config.yaml"
+            dev.write_text(yaml.safe_dump(hami.DEVICE_CONFIG, sort_keys=False))
+            self._spawn("hami-scheduler", [
+                str(self._bins["hami-scheduler"]), *hami.scheduler_args(self, str(dev))],
+                env={"KUBECONFIG": str(self.kubeconfig), "POD_NAME": "hami-scheduler",
+                     "POD_NAMESPACE": "kube-system"})
+        ctx = _tls_context(self.pki.ca_crt)
+        wait_until("hami-scheduler /healthz", lambda: _http_ok(
+            f"https://127.0.0.1:{self.ports['hami']}/healthz", ctx), 60,
+            [self.procs["hami-scheduler"]])
+        self.request("PATCH", "/apis/admissionregistration.k8s.io/v1/"
+                     "mutatingwebhookconfigurations/hami-webhook",
+                     hami.webhook_configuration(self), "application/apply-patch+yaml",
+                     {"fieldManager": FIELD_MANAGER, "force": "true"})
+        if not self._running("hami-kube-scheduler"):
+            cfg = d / "kube-scheduler.yaml"
+            cfg.write_text(yaml.safe_dump(hami.kube_scheduler_config(self), sort_keys=False))
+            self._spawn("hami-kube-scheduler", [
+                str(self._bins["kube-scheduler"]), f"--config={cfg}",
+                "--bind-address=127.0.0.1", f"--secure-port={self.ports['hami-kube-scheduler']}"])
+        unverified = ssl._create_unverified_context()  # its self-signed serving cert
+        wait_until("kube-scheduler (hami-scheduler profile) /healthz", lambda: _http_ok(
+            f"https://127.0.0.1:{self.ports['hami-kube-scheduler']}/healthz", unverified), 60,
+            [self.procs["hami-kube-scheduler"]])
+        if self.hami_plugin is None:
+            self.hami_plugin = hami.DevicePluginStandIn(self)
+            self.hami_plugin.start()
+        self.timings["hami"] = time.monotonic() - t0
 
     def _kwok_args(self) -> list[str]:
         kwok_dir = go_module_dir("kwok", "sigs.k8s.io/kwok")
