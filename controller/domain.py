@@ -8,7 +8,7 @@ Quantities are exact `Decimal`s in canonical units (cores, bytes, GPUs, percent)
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -366,6 +366,24 @@ class NodeInventory:
 
 
 @dataclass(frozen=True, slots=True)
+class QuotaCheck:
+    """Kueue's `resources` manager configuration, as far as it decides whether a request for a
+    resource a ClusterQueue does not cover blocks admission. Kueue's default: BlockUndeclared."""
+
+    ignore_undeclared: bool = False
+    transformed: frozenset[str] = frozenset()  # inputs of resource transformations
+    excluded_prefixes: tuple[str, ...] = ()
+    # waitForPodsReady.requeuingStrategy.timestamp, when the config says (same ConfigMap):
+    # where a requeued Workload's wait starts (REQUEUE_TIMESTAMP auto follows it).
+    requeue_timestamp: RequeueTimestamp | None = None
+
+    def accepts(self, resource: str, covered: Iterable[str]) -> bool:
+        if self.ignore_undeclared or resource in set(covered) or resource in self.transformed:
+            return True
+        return any(resource.startswith(p) for p in self.excluded_prefixes)
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterSnapshot:
     """Everything one policy cycle reads. Immutable: same snapshot + clock -> same plan."""
 
@@ -382,3 +400,6 @@ class ClusterSnapshot:
     # Kueue's requeuingStrategy.timestamp when known (the live controller reads Kueue's
     # config); None: the REQUEUE_TIMESTAMP setting decides (Kueue's default: eviction).
     requeue_timestamp: RequeueTimestamp | None = None
+    # Kueue's `resources` configuration when known (the live controller reads it): decides
+    # whether a GPU fraction a ClusterQueue does not cover may be written. None: unknown.
+    quota_check: QuotaCheck | None = None

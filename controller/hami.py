@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -26,12 +27,14 @@ from controller.domain import (
     HAMI_GPU_POLICY_ANNOTATION,
     HAMI_NODE_POLICY_ANNOTATION,
     SCHEDULING_POLICY_ANNOTATION,
+    ClusterQueue,
     Container,
     InputProblem,
     JobInfo,
     ObjectRef,
     PodSet,
     PriorityClass,
+    QuotaCheck,
     Workload,
 )
 from controller.hami_values import NODE_POLICIES, valid_gpu_policy
@@ -338,3 +341,25 @@ def _changes(
 
 def _gpu_containers(pod_sets: Sequence[PodSet]) -> list[Container]:
     return [c for ps in pod_sets for c in ps.containers if GPU in c.resources]
+
+
+def check_fraction(
+    hami: HamiDecision | None, cq: ClusterQueue | None, quota: QuotaCheck | None
+) -> HamiDecision | None:
+    """The decision with `fraction_blocked` set when writing its GPU fraction would hurt:
+    the Workload's ClusterQueue does not cover gpucores / gpumem-percentage and Kueue's
+    quotaCheckStrategy is BlockUndeclared (its default), so Kueue would never admit it.
+    Unchanged when Kueue's configuration is unknown (`quota` None: an offline snapshot)."""
+    if hami is None or quota is None:
+        return hami
+    wanted = [r for r, v in ((GPUCORES, hami.gpucores),
+                             (GPUMEM_PERCENTAGE, hami.gpumem_percentage)) if v is not None]
+    have = {q.resource for q in cq.quotas} if cq is not None else set()
+    missing = [r for r in wanted if not quota.accepts(r, have)]
+    if not missing:
+        return hami
+    name = cq.name if cq is not None else "-"
+    return replace(hami, fraction_blocked=(
+        f"ClusterQueue {name} does not cover {', '.join(missing)}; with Kueue's "
+        "quotaCheckStrategy BlockUndeclared the Workload could never be admitted. Cover it in "
+        "the ClusterQueue, or configure Kueue's resource transformations or IgnoreUndeclared."))

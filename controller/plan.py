@@ -124,6 +124,9 @@ class HamiDecision:
     # Human-readable differences from what the pod template has now ("key: old -> new");
     # empty when applying the decision would change nothing.
     changes: tuple[str, ...] = ()
+    # Why the GPU fraction must not be written ("" = it may): Kueue would never admit the
+    # Workload, its ClusterQueue does not cover the resource (`controller.hami.check_fraction`).
+    fraction_blocked: str = ""
 
     @property
     def annotations(self) -> Mapping[str, str]:

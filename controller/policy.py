@@ -76,7 +76,7 @@ from controller.encoding import (
     reference,
     requeue_mode,
 )
-from controller.hami import decide_hami
+from controller.hami import check_fraction, decide_hami
 from controller.plan import (
     Exposure,
     ExposureReason,
@@ -425,6 +425,7 @@ def score_pending(
             blocking = blocking or is_blocking
         hami, p = decide_hami(w, job if isinstance(job, JobInfo) else None, c.priority_class,
                               m.cluster_queue, settings, acc.card_mib, hami_cache)
+        hami = check_fraction(hami, g.queues.get(m.cluster_queue or ""), snapshot.quota_check)
         if p:
             problems += p
             blocking = True

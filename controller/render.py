@@ -166,6 +166,8 @@ def decision_dict(d: WorkloadDecision) -> dict[str, Any]:
             "changes": list(d.hami.changes),
             "reason": d.hami.reason,
         }
+        if d.hami.fraction_blocked:
+            out["hami"]["fractionBlocked"] = d.hami.fraction_blocked
     if d.problems:
         out["problems"] = [str(p) for p in d.problems]
     return out
@@ -487,6 +489,8 @@ def explain(plan: Plan, key: str, settings: Settings, width: int | None = None) 
         lines.append(f"    from: {d.hami.reason or '-'}")
         for c in d.hami.changes:
             lines.append(f"    change: {c}")
+        if d.hami.fraction_blocked:
+            lines.append(f"    GPU fraction not written: {d.hami.fraction_blocked}")
     same = [x for x in plan.decisions if x.cluster_queue == d.cluster_queue and not x.admitted]
     if d.admitted:
         return _wrap_lines(lines, width)

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from controller.domain import KUEUE_GROUP, KueueApiVersion, RequeueTimestamp
+from controller.domain import KUEUE_GROUP, KueueApiVersion, QuotaCheck, RequeueTimestamp
 from controller.live.api import (
     CONFIG_MAPS,
     DEPLOYMENTS,
@@ -180,24 +180,6 @@ def read_priority_boost_gate(transport: Transport, kueue_namespace: str) -> tupl
 
 
 # -- quota check strategy (can a Workload gain a resource its ClusterQueue does not cover?) --
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaCheck:
-    """Kueue's `resources` manager configuration, as far as it decides whether a request for a
-    resource a ClusterQueue does not cover blocks admission. Kueue's default: BlockUndeclared."""
-
-    ignore_undeclared: bool = False
-    transformed: frozenset[str] = frozenset()  # inputs of resource transformations
-    excluded_prefixes: tuple[str, ...] = ()
-    # waitForPodsReady.requeuingStrategy.timestamp, when the config says (same ConfigMap):
-    # where a requeued Workload's wait starts (REQUEUE_TIMESTAMP auto follows it).
-    requeue_timestamp: RequeueTimestamp | None = None
-
-    def accepts(self, resource: str, covered: Iterable[str]) -> bool:
-        if self.ignore_undeclared or resource in set(covered) or resource in self.transformed:
-            return True
-        return any(resource.startswith(p) for p in self.excluded_prefixes)
 
 
 def requeue_timestamp_from_manager_config(doc: object) -> RequeueTimestamp | None:

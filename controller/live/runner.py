@@ -31,11 +31,7 @@ from datetime import UTC, datetime
 
 from controller.accounting import UsageHistory
 from controller.config import Settings
-from controller.domain import (
-    GPUCORES,
-    GPUMEM_PERCENTAGE,
-    KueueApiVersion,
-)
+from controller.domain import KueueApiVersion, QuotaCheck
 from controller.live.api import (
     CLUSTER_QUEUES,
     JOBS,
@@ -61,7 +57,6 @@ from controller.live.diff import Change, Diff, Notice, plan_diff
 from controller.live.discovery import (
     MODE_ANNOTATION,
     ModeChoice,
-    QuotaCheck,
     kueue_resource,
 )
 from controller.live.events import EventRecorder
@@ -81,7 +76,6 @@ from controller.live.writer import CycleWriter
 from controller.plan import (
     Plan,
     PriorityMode,
-    WorkloadDecision,
 )
 from controller.workload import owner_key
 
@@ -351,7 +345,7 @@ class LiveController:
         from controller.policy import compute_plan
 
         built = self.snapshot()
-        snap = dataclasses.replace(built.snapshot,
+        snap = dataclasses.replace(built.snapshot, quota_check=self.quota_check,
                                    requeue_timestamp=self.quota_check.requeue_timestamp)
         return compute_plan(snap, self.settings, now, self.history), built
 
@@ -412,31 +406,13 @@ class LiveController:
 
     def diff(self, plan: Plan, built: Built) -> Diff:
         assert self.mode is not None
-        covered = {cq.name: {q.resource for q in cq.quotas}
-                   for cq in built.snapshot.cluster_queues}
         pods_by_uid = {str(p["metadata"].get("uid")): p for p in self.informers["pods"].items()}
         return plan_diff(
             plan.decisions, self.mode.mode, self._resource(WORKLOADS),
             self.informers["workloads"].get, self.informers["jobs"].get, pods_by_uid,
             fraction_refused=self.applier.refused_fraction,
-            fraction_blocked=lambda d: self._fraction_blocked(d, covered),
+            fraction_blocked=lambda d: d.hami.fraction_blocked if d.hami is not None else "",
         )
-
-    def _fraction_blocked(self, d: WorkloadDecision, covered: dict[str, set[str]]) -> str:
-        """Why writing the GPU fraction would hurt: Kueue would block the Workload because
-        its ClusterQueue does not cover the resource (BlockUndeclared, Kueue's default)."""
-        if d.hami is None:
-            return ""
-        wanted = [r for r, v in ((GPUCORES, d.hami.gpucores),
-                                 (GPUMEM_PERCENTAGE, d.hami.gpumem_percentage)) if v is not None]
-        have = covered.get(d.cluster_queue or "", set())
-        missing = [r for r in wanted if not self.quota_check.accepts(r, have)]
-        if not missing:
-            return ""
-        return (f"ClusterQueue {d.cluster_queue} does not cover {', '.join(missing)}; with "
-                "Kueue's quotaCheckStrategy BlockUndeclared the Workload could never be "
-                "admitted. Cover it in the ClusterQueue, or configure Kueue's resource "
-                "transformations or IgnoreUndeclared.")
 
     # -- observability --------------------------------------------------------------------
 

@@ -13,13 +13,12 @@ import time
 from collections.abc import Callable, Mapping
 
 from controller.config import Settings
-from controller.domain import KUEUE_GROUP, KueueApiVersion, PriorityMode
+from controller.domain import KUEUE_GROUP, KueueApiVersion, PriorityMode, QuotaCheck
 from controller.live.api import LEASES, ApiError, Resource, Transport
 from controller.live.backoff import Backoff
 from controller.live.discovery import (
     MODE_ANNOTATION,
     ModeChoice,
-    QuotaCheck,
     choose_kueue_version,
     mode_from_annotation,
     read_priority_boost_gate,

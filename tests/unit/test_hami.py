@@ -129,3 +129,29 @@ def test_whole_gpu_workload_gets_no_default_decision() -> None:
 
 def test_cpu_only_workload_has_no_hami_decision() -> None:
     assert decide(wl("p", gpu=None, resources={"cpu": "2"})).hami is None
+
+
+def test_the_plan_says_when_a_fraction_must_not_be_written() -> None:
+    """Kueue's quota check is part of the snapshot: under BlockUndeclared (its default) a
+    fraction the ClusterQueue does not cover is blocked in the plan itself; unknown (an offline
+    snapshot) or IgnoreUndeclared: written."""
+    import dataclasses
+
+    from controller.domain import QuotaCheck
+
+    w = wl("p", annotations={GPU_FRACTION_ANNOTATION: "0.25"})  # the ClusterQueue: gpu, cpu
+
+    def blocked(quota: QuotaCheck | None) -> str:
+        snap = dataclasses.replace(snapshot([w]), quota_check=quota)
+        hami = compute_plan(snap, Settings(), NOW).decisions[0].hami
+        assert hami is not None and hami.gpucores == 25
+        return hami.fraction_blocked
+
+    assert blocked(None) == ""
+    assert blocked(QuotaCheck(ignore_undeclared=True)) == ""
+    assert blocked(QuotaCheck(transformed=frozenset(
+        {"nvidia.com/gpucores", "nvidia.com/gpumem-percentage"}))) == ""
+    reason = blocked(QuotaCheck())
+    assert reason.startswith("ClusterQueue cq does not cover nvidia.com/gpucores, "
+                             "nvidia.com/gpumem-percentage; with Kueue's quotaCheckStrategy "
+                             "BlockUndeclared"), reason
