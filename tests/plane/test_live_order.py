@@ -58,15 +58,23 @@ def test_admission_order_matches_plan_urgent_last_admitted_first(
             first = h.converge(c)
             planned = h.planned_in(first, cq)
             assert {d.key for d in planned} == set(pending)
-            # The plan itself: urgent first, approved second, and among normal work the team
-            # with no usage before the lighter team before the heaviest.
+            # The plan itself: urgent first, approved second, and normal work in DRF's
+            # progressive-filling order: each Workload's share counts its team's running cpus
+            # and the team's Workloads ahead of it (urgent and approved first, then by
+            # creation); equal shares by creation.
             order = [names[d.key] for d in planned]
             assert order[:2] == ["a-urgent", "a-approved"], order
-            fair = {names[d.key][0]: d.breakdown.fairness_term for d in planned
-                    if d.breakdown is not None}
-            assert fair["c"] >= fair["b"] >= fair["a"] and fair["c"] > fair["a"], fair
             normal = [job for _, job, ann in jobs if not ann]
-            expected = sorted(normal, key=lambda j: (-fair[j[0]], normal.index(j)))
+            running_cpus = {"a": 2, "b": 1, "c": 0}
+            ahead = {"a": 2, "b": 0, "c": 0}  # a-urgent and a-approved come first in a's queue
+            share: dict[str, float] = {}
+            for job in normal:
+                ahead[job[0]] += 1
+                share[job] = (running_cpus[job[0]] + ahead[job[0]]) / 3
+            expected = sorted(normal, key=lambda j: (share[j], normal.index(j)))
+            assert expected[:4] == ["c-normal-1", "b-normal-1", "c-normal-2", "b-normal-2"]
+            fair = {names[d.key]: d.breakdown.fairness_term for d in planned
+                    if d.breakdown is not None}
             assert order[2:] == expected, (order, fair)
 
             admitted: list[str] = []
