@@ -53,7 +53,7 @@ def permissions(settings: Settings) -> list[Permission]:
     for owner in owner_resources():  # read only where the cluster serves the kind
         for verb in ("list", "watch"):
             out.append(Permission(owner.group, owner.plural, verb, None,
-                                  f"class annotations on Kueue-managed {owner.kind}s",
+                                  "class annotations and team labels on the Workload's owner",
                                   required=False))
     if settings.capacity_source != "quota":
         for verb in ("list", "watch"):

@@ -239,7 +239,9 @@ def test_admission_kustomization_renders_on_its_own() -> None:
 
 
 def example_docs() -> list[tuple[str, Obj]]:
-    return load_yaml_dir(EXAMPLES / "queues") + load_yaml_dir(EXAMPLES / "jobs")
+    recommended = [(w, d) for w, d in load_yaml_dir(EXAMPLES / "recommended")
+                   if d["kind"] != "Configuration"]  # Kueue's manager config: not an object
+    return load_yaml_dir(EXAMPLES / "queues") + load_yaml_dir(EXAMPLES / "jobs") + recommended
 
 
 def test_examples_exist_for_every_case() -> None:
