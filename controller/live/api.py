@@ -318,19 +318,6 @@ class TokenBucket:
             self.waited += wait
             return wait
 
-    def try_take(self) -> bool:
-        """Take one token if there is one now; never waits."""
-        if self.qps <= 0:
-            return True
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.qps)
-            self._at = now
-            if self._tokens < 1:
-                return False
-            self._tokens -= 1
-            return True
-
 
 class RateLimitedTransport:
     """Every request (not watches) takes a token from `bucket` first (client-side QPS)."""

@@ -9,15 +9,17 @@ cycle.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 
 from cachetools import TTLCache
 
 from controller.domain import ObjectRef
-from controller.live.api import EVENTS, ApiError, TokenBucket, Transport, WriteRefused
+from controller.live.api import EVENTS, ApiError, Transport, WriteRefused
 from controller.live.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -57,10 +59,10 @@ def event_body(
 class EventRecorder:
     """Sends Events under two limits, as client-go's event correlator does for Kubernetes'
     own components: a per-object one (at most one Event of a reason on an object per
-    `per_object` seconds, whatever its message) and an overall one (`qps` Events per second,
-    `burst` at once). An Event over either limit is dropped and counted, never queued: the
-    priority-terms annotation stays the per-Workload record, and findings seen every cycle
-    come back."""
+    `per_object` seconds, whatever its message) and an overall one (at most `qps` Events in
+    any one second, all at once if need be: a Workload's Event and its Job's come together).
+    An Event over either limit is dropped and counted, never queued: the priority-terms
+    annotation stays the per-Workload record, and findings seen every cycle come back."""
 
     def __init__(
         self,
@@ -68,7 +70,6 @@ class EventRecorder:
         metrics: Metrics,
         per_object: float,
         qps: float = 10.0,
-        burst: int = 10,
         instance: str = COMPONENT,
         maxsize: int = 200_000,
         clock: Callable[[], float] = time.monotonic,
@@ -80,7 +81,12 @@ class EventRecorder:
         # that had an Event in the last interval, not every object ever seen.
         self._sent: TTLCache[tuple[str, str], bool] | None = TTLCache(
             maxsize=maxsize, ttl=per_object, timer=clock) if per_object > 0 else None
-        self._overall = TokenBucket(qps, burst, clock=clock)
+        # The send times of the last `_window_events` Events: one more is allowed when the
+        # oldest of them is a window ago.
+        self._window_events = max(1, math.floor(qps)) if qps > 0 else 0
+        self._window = self._window_events / qps if qps > 0 else 0.0
+        self._recent: deque[float] = deque(maxlen=max(1, self._window_events))
+        self._clock = clock
         self._lock = threading.Lock()
         self._instance = instance
         self._now = now
@@ -92,7 +98,7 @@ class EventRecorder:
             if self._sent is not None and key in self._sent:
                 self._metrics.events.labels(reason, "suppressed").inc()
                 return False
-            if not self._overall.try_take():
+            if not self._overall_allows():
                 self._metrics.events.labels(reason, "throttled").inc()
                 return False
             if self._sent is not None:  # claimed before sending: concurrent emits race here
@@ -113,6 +119,16 @@ class EventRecorder:
             log.warning("could not record Event %s on %s: %s", reason, ref, e)
             return False
         self._metrics.events.labels(reason, "sent").inc()
+        return True
+
+    def _overall_allows(self) -> bool:
+        """Take a place in the overall window (called with the lock held)."""
+        if not self._window_events:
+            return True
+        now = self._clock()
+        if len(self._recent) == self._window_events and now - self._recent[0] < self._window:
+            return False
+        self._recent.append(now)
         return True
 
     def _forget(self, key: tuple[str, str]) -> None:

@@ -163,7 +163,7 @@ class LiveController:
         else:
             self.writer = base
         self.events = EventRecorder(self.writer, self.metrics, settings.event_rate_limit,
-                                    settings.event_qps, max(1, int(settings.event_qps)),
+                                    settings.event_qps,
                                     instance=self.identity)
         self.applier = Applier(
             self.writer, self.metrics, max_attempts=settings.api_retries,

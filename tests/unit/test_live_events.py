@@ -61,27 +61,39 @@ def test_no_per_object_limit_when_the_interval_is_zero() -> None:
     assert len(events(api)) == 5
 
 
-def test_overall_rate_drops_what_is_over_it_and_refills() -> None:
+def test_overall_limit_drops_what_is_over_it_in_any_second() -> None:
     api, clock = FakeApi(), Clock()
     metrics = Metrics()
-    rec = EventRecorder(api, metrics, per_object=3600, qps=10, burst=10, clock=clock)
+    rec = EventRecorder(api, metrics, per_object=3600, qps=10, clock=clock)
     refs = [ObjectRef("Workload", f"w{i}", "team-a", f"u{i}", "v1") for i in range(100)]
     sent = [rec.emit(ref, "PriorityChanged", "x") for ref in refs[:30]]
-    assert sent == [True] * 10 + [False] * 20
+    assert sent == [True] * 10 + [False] * 20  # ten at once are fine (a Workload and its Job)
     assert metrics.events.labels("PriorityChanged", "throttled")._value.get() == 20
-    clock.t += 0.5  # half a second: 5 tokens
-    assert [rec.emit(ref, "PriorityChanged", "x") for ref in refs[30:40]] == [True] * 5 + [
-        False] * 5
+    clock.t += 0.99
+    assert not rec.emit(refs[30], "PriorityChanged", "x")
+    clock.t += 0.01
+    assert [rec.emit(ref, "PriorityChanged", "x") for ref in refs[31:43]] == [True] * 10 + [
+        False] * 2
     # a throttled object did not use its per-object allowance: it gets its Event later
     clock.t += 10
     assert rec.emit(refs[10], "PriorityChanged", "x")
 
 
+def test_a_fractional_rate_spaces_events_out() -> None:
+    api, clock = FakeApi(), Clock()
+    rec = EventRecorder(api, Metrics(), per_object=0, qps=0.5, clock=clock)
+    assert rec.emit(REF, "X", "y")
+    clock.t += 1.9
+    assert not rec.emit(REF, "X", "y")
+    clock.t += 0.1
+    assert rec.emit(REF, "X", "y")
+
+
 def test_events_over_a_simulated_hour_stay_within_both_limits() -> None:
     """Many objects emitting every second for an hour: per object at most one per interval,
-    in all at most qps x seconds + burst."""
+    in any window of 1/qps seconds at most one (a rate below one a second)."""
     api, clock = FakeApi(), Clock()
-    rec = EventRecorder(api, Metrics(), per_object=600, qps=0.05, burst=2, clock=clock)
+    rec = EventRecorder(api, Metrics(), per_object=600, qps=0.05, clock=clock)
     refs = [ObjectRef("Workload", f"w{i}", "team-a", f"u{i}", "v1") for i in range(50)]
     sent: dict[str, list[float]] = {}
     for second in range(3600):
@@ -94,8 +106,10 @@ def test_events_over_a_simulated_hour_stay_within_both_limits() -> None:
     for ts in sent.values():
         assert all(b - a >= 600 for a, b in pairwise(ts))
     for start in range(0, 3600, 100):
-        assert sum(start <= t < start + 100 for t in times) <= 0.05 * 100 + 2
-    assert 0.05 * 3600 - 2 <= len(times) <= 0.05 * 3600 + 2  # the overall limit binds
+        assert sum(start <= t < start + 100 for t in times) <= 0.05 * 100 + 1
+    for t in times:  # at most one in any 20 s
+        assert sum(t <= u < t + 20 for u in times) == 1
+    assert 0.05 * 3600 - 2 <= len(times) <= 0.05 * 3600 + 1  # the overall limit binds
 
 
 def test_failures_are_counted_not_raised() -> None:
