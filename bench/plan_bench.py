@@ -53,7 +53,7 @@ NOW = datetime(2025, 11, 20, 12, 0, tzinfo=UTC)
 
 
 def synthetic(
-    pending: int, admitted: int, teams: int, queues: int, seed: int = 1
+    pending: int, admitted: int, teams: int, queues: int, seed: int = 1, cohorts: int = 1,
 ) -> ClusterSnapshot:
     rnd = random.Random(seed)
     cqs = tuple(
@@ -62,7 +62,7 @@ def synthetic(
             quotas=(ResourceQuota("gpu", GPU, Decimal(64)),
                     ResourceQuota("gpu", CPU, Decimal(2048)),
                     ResourceQuota("gpu", MEMORY, Decimal(16 * 2**40))),
-            cohort="pool",
+            cohort="pool" if cohorts <= 1 else f"pool-{i * cohorts // queues:02d}",
             preemption=Preemption(within_cluster_queue="LowerPriority") if i % 10 == 0
             else Preemption(),
         )
@@ -123,9 +123,14 @@ def main() -> None:
     ap.add_argument("--teams", type=int, default=100)
     ap.add_argument("--queues", type=int, default=50)
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--cohorts", type=int, default=1,
+                    help="ClusterQueues in this many cohorts (pools); with more than one, also "
+                         "the plan of one pool alone: what a cycle in which one pool changed "
+                         "would cost if only that pool were planned")
     args = ap.parse_args()
 
-    snap = synthetic(args.pending, args.admitted, args.teams, args.queues)
+    snap = synthetic(args.pending, args.admitted, args.teams, args.queues,
+                     cohorts=args.cohorts)
     settings = Settings()
     compute_plan(snap, settings, NOW)  # warm up imports and caches
     times, cpu = [], []
@@ -150,6 +155,28 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs)")
     print(f"peak memory: {peak / 2**20:.1f} MiB allocated during one plan (tracemalloc); "
           f"process max RSS {rss_kib / 1024:.1f} MiB")
+    if args.cohorts > 1:
+        one_pool(snap, settings, args.runs)
+
+
+def one_pool(snap: ClusterSnapshot, settings: Settings, runs: int) -> None:
+    """compute_plan over the first cohort's ClusterQueues and their Workloads only."""
+    cohort = snap.cluster_queues[0].cohort
+    queues = {cq.name for cq in snap.cluster_queues if cq.cohort == cohort}
+    lqs = tuple(lq for lq in snap.local_queues if lq.cluster_queue in queues)
+    in_pool = {(lq.namespace, lq.name) for lq in lqs}
+    wls = tuple(w for w in snap.workloads if (w.namespace, w.queue_name) in in_pool)
+    sub = ClusterSnapshot(workloads=wls, cluster_queues=tuple(
+        cq for cq in snap.cluster_queues if cq.name in queues), local_queues=lqs)
+    times, cpu = [], []
+    for _ in range(runs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        compute_plan(sub, settings, NOW)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    print(f"one pool alone ({cohort}: {len(queues)} ClusterQueues, {len(wls)} Workloads): "
+          f"compute_plan median {statistics.median(times) * 1000:.1f} ms, CPU "
+          f"{statistics.median(cpu) * 1000:.1f} ms over {runs} runs")
 
 
 if __name__ == "__main__":
