@@ -23,6 +23,7 @@ import yaml
 from kubernetes import client as k8s
 
 from tests.support import kube
+from tests.support.cluster import kueue_settings_from
 from tests.support.plane import Plane
 
 pytestmark = pytest.mark.plane
@@ -69,9 +70,9 @@ def test_the_recommended_setup_applies_and_kueue_admits_from_it(
     plane: Plane, api: k8s.ApiClient, kubeconfig: Path
 ) -> None:
     suffix = uuid.uuid4().hex[:6]
-    manager = yaml.safe_load((EXAMPLE / "kueue-config.yaml").read_text())
-    extra = {k: v for k, v in manager.items() if k not in ("apiVersion", "kind", "featureGates")}
-    with plane.kueue_configured(extra=extra, feature_gates=manager.get("featureGates", {})):
+    # the same merge `make cluster CLUSTER_ARGS="--kueue-config ..."` does (README)
+    wanted = kueue_settings_from(plane.kueue_settings, EXAMPLE / "kueue-config.yaml")
+    with plane.kueue_configured(extra=wanted.extra, feature_gates=wanted.feature_gates):
         queues, jobs = _docs("queues.yaml", suffix), _docs("jobs.yaml", suffix)
         for d in sorted(queues + jobs, key=lambda d: ORDER.index(d["kind"])):
             kube.server_side_apply(api, _path(d), d, FIELD_MANAGER)

@@ -3,6 +3,7 @@
     make cluster                         # or: .venv/bin/python -m tests.support.cluster
     python -m tests.support.cluster --e2e --gpu-nodes 2 --no-priority-boost
     make cluster CLUSTER_ARGS="--hami --hami-nodes 2"   # HAMi's scheduler, webhook, GPU nodes
+    make cluster CLUSTER_ARGS="--kueue-config examples/recommended/kueue-config.yaml"
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ import argparse
 import signal
 import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 from types import FrameType
+
+import yaml
 
 from tests.support import hami, kube
 from tests.support.plane import KueueSettings, Plane
@@ -33,8 +38,22 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                          "(implies --hami)")
     ap.add_argument("--no-priority-boost", action="store_true",
                     help="start Kueue with the PriorityBoost feature gate off")
+    ap.add_argument("--kueue-config", metavar="FILE", default=None,
+                    help="merge the keys of this Kueue Configuration into Kueue's manager "
+                         "config (e.g. examples/recommended/kueue-config.yaml: Fair Sharing)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir after exit")
     return ap.parse_args(argv)
+
+
+def kueue_settings_from(settings: KueueSettings, path: Path) -> KueueSettings:
+    """`settings` with the keys of a Kueue `Configuration` file merged in (its featureGates
+    added to the gates)."""
+    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(doc, dict) or doc.get("kind") != "Configuration":
+        raise SystemExit(f"{path}: not a Kueue Configuration (kind: Configuration)")
+    extra = {k: v for k, v in doc.items() if k not in ("apiVersion", "kind", "featureGates")}
+    gates = {**settings.feature_gates, **(doc.get("featureGates") or {})}
+    return replace(settings, extra={**settings.extra, **extra}, feature_gates=gates)
 
 
 def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -49,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     with_hami = args.hami or args.hami_nodes > 0
     e2e = args.e2e or args.gpu_nodes > 0 or with_hami
     settings = KueueSettings(priority_boost=not args.no_priority_boost)
+    if args.kueue_config:
+        settings = kueue_settings_from(settings, Path(args.kueue_config))
     t0 = time.monotonic()
     try:
         with Plane.temporary(settings, e2e=e2e, keep=args.keep) as plane:
