@@ -28,7 +28,15 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from evaluation import trace as tr  # noqa: E402
-from evaluation.evaluate import COLUMNS, COST_COLUMNS, check_goals, plot, render, table  # noqa: E402
+from evaluation.evaluate import (  # noqa: E402
+    COLUMNS,
+    COST_COLUMNS,
+    PACKING_COLUMNS,
+    check_goals,
+    plot,
+    render,
+    table,
+)
 from evaluation.experiment import (  # noqa: E402
     ALL_POLICIES,
     BASE_POLICIES,
@@ -214,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(shown, policies, COLUMNS)))
     print()
     print("\n".join(table(shown, policies, COST_COLUMNS)))
+    print()
+    print("\n".join(table(shown, policies, PACKING_COLUMNS)))
     for wdrf in [] if opts.quick else [p for p in policies if p.startswith("WDRF")]:
         print()
         for g in check_goals(shown, settings.loop_interval, wdrf):

@@ -68,9 +68,13 @@ class Series:
     pending: list[list[float]] = field(default_factory=list)
     total: list[float] = field(default_factory=list)  # [window] GPU%-seconds allocated
     carried: list[list[float]] = field(default_factory=list)  # [window][team], part of alloc
+    # [window] GPU-seconds of physical GPUs with nothing on them (whole free GPUs): the free
+    # capacity a multi-GPU or whole-GPU pod can use; the rest of the free capacity is stranded
+    # on partly used GPUs (fragmentation).
+    whole: list[float] = field(default_factory=list)
 
     def add(self, t0: float, t1: float, alloc: Sequence[int], pending: Sequence[int],
-            carried: Sequence[int] = ()) -> None:
+            carried: Sequence[int] = (), whole: int = 0) -> None:
         while t1 > t0:
             w = int(t0 // self.bin)
             end = min(t1, (w + 1) * self.bin)
@@ -80,6 +84,9 @@ class Series:
                 self.pending.append([0.0] * self.teams)
                 self.carried.append([0.0] * self.teams)
                 self.total.append(0.0)
+                self.whole.append(0.0)
+            if whole:
+                self.whole[w] += whole * dt
             row_a, row_p = self.alloc[w], self.pending[w]
             row_c = self.carried[w]
             for i, c in enumerate(carried):

@@ -230,6 +230,16 @@ COST_COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("writes_per_job_p99", "writes / job p99", lambda x: f"{x:.1f}"),
     ("writes_per_hour", "writes / h", lambda x: f"{x:,.0f}"),
 )
+PACKING_COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+    ("stranded", "free capacity on partly used GPUs", _pct),
+    ("whole_free", "whole free GPUs (mean)", lambda x: f"{x:.1f}"),
+    ("multi_mean", "multi-GPU wait mean", _h),
+    ("multi_p99", "multi-GPU wait p99", _h),
+    ("multi_never", "multi-GPU never admitted", lambda x: f"{x:.1f}"),
+)
+PACKING_TEXT = ("HAMi packing (whole-GPU fragmentation: the share of free GPU capacity stranded "
+                "on partly used GPUs; waits of jobs whose pods need several whole GPUs on one "
+                "node):")
 WEIGHT_COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
     ("backlogged_ratio_error", "largest abs(ratio - 1), backlogged, own work", _f3),
     ("backlogged_worst_ratio", "worst team, backlogged, own work", _f3),
@@ -321,6 +331,8 @@ def render(opts: Options, windows: Sequence[Window], records: Sequence[RunRecord
         lines += table(rs, policies, SIZE_COLUMNS)
         lines += ["", "Disruption and API cost:", ""]
         lines += table(rs, policies, COST_COLUMNS)
+        lines += ["", PACKING_TEXT, ""]
+        lines += table(rs, policies, PACKING_COLUMNS)
         lines += ["", WEIGHTS_TEXT, ""]
         lines += table(rs, policies, WEIGHT_COLUMNS)
         lines += ["", RECLAIM_TEXT, ""]

@@ -712,8 +712,9 @@ class KueueSim:
     # -- time ----------------------------------------------------------------------------------
     def _advance(self, t: float) -> None:
         if t > self.last_t:
+            hist = self.cluster.whole_hist  # nodes by fully free GPUs
             self.series.add(self.last_t, t, self.team_alloc, self.team_pending,
-                            self.team_carried)
+                            self.team_carried, sum(k * c for k, c in enumerate(hist)))
             self.last_t = t
         self.now = t
         self.policy.advance(t)

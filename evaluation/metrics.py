@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from controller.domain import PriorityClass
 from evaluation.engine import SimResult
 from evaluation.kueue import Eviction
-from evaluation.trace import HOUR, PCT, Period
+from evaluation.trace import HOUR, PCT, Period, SimJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +208,36 @@ def compute(
 # evaluation (evaluation/evaluate.py). Every value is a float; NaN when not measurable.
 
 SLOWDOWN_BOUND = 600.0  # bounded slowdown: run times under 10 min count as 10 min
+def packing_metrics(result: SimResult, period: Period, jobs: Sequence[SimJob]
+                    ) -> dict[str, float]:
+    """Whole-GPU fragmentation and the waits of multi-GPU jobs over the measured period.
+
+    ``stranded``: the share of free GPU capacity that sits on partly used GPUs (time integral
+    of free - whole free GPUs, over the integral of free), 0 = every free percent is on a whole
+    free GPU. ``whole_free``: mean whole free GPUs. ``multi_*``: waits (s) of the jobs whose
+    pods ask for several distinct GPUs (they need whole free GPUs on one node), all classes."""
+    s = result.series
+    b = s.bin
+    w0 = int(period.start // b)
+    w1 = min(math.ceil(period.end / b), len(s.total), len(s.whole))
+    cap = result.config.capacity
+    free = sum(cap * b - s.total[w] for w in range(w0, w1))
+    whole = sum(s.whole[w0:w1])
+    span = (w1 - w0) * b
+    out = {
+        "stranded": (free - whole * PCT) / free if free > 0 else math.nan,
+        "whole_free": whole / span if span > 0 else math.nan,
+    }
+    waits = [result.admit[j.job_id] - j.submit for j in jobs
+             if j.gpus_per_pod > 1 and not math.isnan(result.admit[j.job_id])]
+    q = quantiles(waits)
+    out["multi_mean"] = q.mean
+    out["multi_p99"] = q.p99
+    out["multi_never"] = float(sum(1 for j in jobs if j.gpus_per_pod > 1
+                                   and math.isnan(result.admit[j.job_id])))
+    return out
+
+
 SIZE_BUCKETS: tuple[tuple[str, int, float], ...] = (
     ("1gpu", 0, 100), ("2-8gpu", 101, 800), (">8gpu", 801, math.inf),
 )
@@ -292,6 +322,7 @@ def run_metrics(
         q = quantiles(v)
         out[f"normal_{name}_p99"] = q.p99
         out[f"normal_{name}_max"] = q.max
+    out.update(packing_metrics(result, period, jobs))
     sq = quantiles(slow)
     out["slowdown_mean"] = sq.mean
     out["slowdown_p99"] = sq.p99

@@ -106,3 +106,29 @@ def test_team_ratios_against_weighted_entitlement() -> None:
     assert per_hour[0][1] == pytest.approx(0.0, abs=0.02)
     assert ratios[1] < 1 < ratios[0]
     assert errors and 0 < errors[0] < 0.2
+
+
+def test_packing_metrics_stranded_capacity_whole_free_gpus_and_multi_gpu_waits() -> None:
+    from controller.domain import PriorityClass
+    from evaluation.engine import SimConfig
+    from evaluation.kueue import KueueConfig, KueueSim
+    from evaluation.metrics import run_metrics
+    from evaluation.policies import StaticClasses
+    from evaluation.trace import Period, SimJob
+
+    n = PriorityClass.NORMAL
+    jobs = [
+        SimJob(0, 0.0, 3600.0, "a", n, 1, 1, 25),  # a quarter of one GPU for the hour
+        SimJob(1, 0.0, 3600.0, "a", n, 1, 2, 100),  # two whole GPUs for the hour
+        SimJob(2, 0.0, 1800.0, "b", n, 1, 8, 100),  # the whole node: waits for both
+    ]
+    r = KueueSim(jobs, SimConfig(nodes=1), KueueConfig(), StaticClasses()).run()
+    m = run_metrics(r, Period(0.0, 3600.0), [1.0, 1.0], 10.0)
+    # 8 GPUs: 2.25 GPUs allocated, 5 whole free; of the 5.75 free GPUs, 0.75 is stranded on
+    # the quarter-used GPU.
+    assert m["whole_free"] == pytest.approx(5.0)
+    assert m["stranded"] == pytest.approx(0.75 / 5.75)
+    # Both multi-GPU jobs count: the 2-GPU one started at once, the 8-GPU one waited the hour.
+    assert (r.admit[1], r.admit[2]) == (0.0, 3600.0)
+    assert m["multi_mean"] == pytest.approx(1800.0)
+    assert m["multi_never"] == 0.0
