@@ -38,6 +38,7 @@ from controller.domain import (
     TeamSource,
     Workload,
     frozen_resources,
+    pool_key,
 )
 from controller.plan import TeamShare
 from controller.usage import UsageHistory
@@ -214,7 +215,7 @@ def pool_of(cq: ClusterQueue | None) -> str:
     """The pool a ClusterQueue's Workloads compete in: its cohort, else itself."""
     if cq is None:
         return UNKNOWN_POOL
-    return f"cohort/{cq.cohort}" if cq.cohort else f"cq/{cq.name}"
+    return pool_key(cq.name, cq.cohort)
 
 
 def _add(vec: Vector, dim: str, value: float) -> None:

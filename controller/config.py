@@ -8,6 +8,7 @@ a one-line change here plus its commented entry in config.yaml. Loading collects
 from __future__ import annotations
 
 import difflib
+import enum
 import logging
 import math
 import os
@@ -27,6 +28,7 @@ from controller.domain import (
     GPUMEM_PERCENTAGE,
     MEMORY,
     ApprovedScope,
+    CapacitySource,
     PriorityClass,
     PriorityMode,
     RequeueTimestamp,
@@ -228,8 +230,29 @@ def p_priority_mode(raw: object) -> PriorityMode:
     return PriorityMode(_choice(*(m.value for m in PriorityMode))(raw))
 
 
-def p_requeue_timestamp(raw: object) -> RequeueTimestamp:
-    return RequeueTimestamp(_choice(*(t.value for t in RequeueTimestamp))(raw))
+class RequeueTimestampSetting(enum.StrEnum):
+    """REQUEUE_TIMESTAMP: Kueue's requeuingStrategy.timestamp as configured here, or auto."""
+
+    AUTO = "auto"  # Kueue's configuration when the controller can read it, else eviction
+    EVICTION = RequeueTimestamp.EVICTION.value
+    CREATION = RequeueTimestamp.CREATION.value
+
+
+class CapacitySourceSetting(enum.StrEnum):
+    """CAPACITY_SOURCE: where GPU capacity comes from (`domain.CapacitySource`), or auto."""
+
+    AUTO = "auto"  # per node: fresh agent inventory, else HAMi's register annotation
+    AGENT = CapacitySource.AGENT.value
+    HAMI = CapacitySource.HAMI.value
+    QUOTA = CapacitySource.QUOTA.value
+
+
+def p_requeue_timestamp(raw: object) -> RequeueTimestampSetting:
+    return RequeueTimestampSetting(_choice(*RequeueTimestampSetting)(raw))
+
+
+def p_capacity_source(raw: object) -> CapacitySourceSetting:
+    return CapacitySourceSetting(_choice(*CapacitySourceSetting)(raw))
 
 
 def p_approved_scope(raw: object) -> ApprovedScope:
@@ -518,8 +541,8 @@ class Settings:
         "RECLAIM_BUDGET_PER_HOUR", 10, p_nonneg_int,
         "per pool: Workloads made reclaimable at once, less preemptions in the last hour",
     )
-    requeue_timestamp: str = setting(
-        "REQUEUE_TIMESTAMP", "auto", _choice("auto", "eviction", "creation"),
+    requeue_timestamp: RequeueTimestampSetting = setting(  # noqa: RUF009
+        "REQUEUE_TIMESTAMP", RequeueTimestampSetting.AUTO, p_requeue_timestamp,
         "where a requeued Workload's wait starts (auto: Kueue's config, else eviction)",
     )
     priority_mode: PriorityMode = setting(  # noqa: RUF009 - setting() returns a field
@@ -546,8 +569,8 @@ class Settings:
         "a team with only decayed history counts in W while its share is above this",
     )
     usage_half_life: float = setting("USAGE_HALF_LIFE", 0.0, p_duration, "0 = current usage")
-    capacity_source: str = setting(
-        "CAPACITY_SOURCE", "auto", _choice("auto", "agent", "hami", "quota"), "capacity source"
+    capacity_source: CapacitySourceSetting = setting(  # noqa: RUF009
+        "CAPACITY_SOURCE", CapacitySourceSetting.AUTO, p_capacity_source, "capacity source"
     )
     inventory_max_age: float = setting(
         "INVENTORY_MAX_AGE", 300.0, p_duration, "agent inventory older than this is ignored"

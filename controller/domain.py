@@ -108,6 +108,20 @@ class CapacitySource(enum.Enum):
     QUOTA = "quota"  # ClusterQueue nominal quotas
 
 
+def pool_key(cluster_queue: str, cohort: str | None = None) -> str:
+    """How a pool (the cohort, or a lone ClusterQueue, whose capacity shares are against) is
+    named in the plan and the priority terms: `cohort/NAME` or `cq/NAME`."""
+    return f"cohort/{cohort}" if cohort else f"cq/{cluster_queue}"
+
+
+def pool_label(key: str) -> str:
+    """`cq/gpu` -> "ClusterQueue gpu", `cohort/all` -> "cohort all" (for people)."""
+    kind, sep, name = key.partition("/")
+    if not sep:
+        return key or "the pool"
+    return {"cq": "ClusterQueue", "cohort": "cohort"}.get(kind, kind) + " " + name
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
     """Names one Kubernetes object in messages, Events and patches."""

@@ -18,7 +18,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import TypeVar
 
-from controller.domain import InputProblem, PriorityClass, PriorityMode, Resources
+from controller.domain import InputProblem, PriorityClass, PriorityMode, Resources, pool_key
 from controller.usage import UsageHistory
 from controller.workload import TERMS_VERSION, Terms
 
@@ -106,10 +106,6 @@ class PriorityBreakdown:
     credited_since: datetime | None = None
     exposure: Exposure | None = None  # admitted: the lowered guard, when it is lowered
 
-    @property
-    def score(self) -> int:
-        """The policy's value before the base is subtracted (kept for renderers)."""
-        return self.priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +258,7 @@ def positions_right(pending: Sequence[WorkloadDecision], current: Mapping[str, i
 
 def pool_of(d: WorkloadDecision) -> str:
     """The pool (cohort or lone ClusterQueue) a decision's priority competes in."""
-    return d.breakdown.pool if d.breakdown is not None else f"cq/{d.cluster_queue or '-'}"
+    return d.breakdown.pool if d.breakdown is not None else pool_key(d.cluster_queue or "-")
 
 
 T = TypeVar("T")

@@ -33,6 +33,7 @@ from controller.domain import (
     KUEUE_GROUP,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
     PRIORITY_TERMS_ANNOTATION,
+    pool_label,
 )
 from controller.render import machine, output_option
 from controller.workload import (
@@ -85,14 +86,6 @@ def status_of(exc: Exception) -> int:
 
 # ---------------------------------------------------------------------------------------------
 # The priority terms, for people
-
-
-def pool_name(pool: str) -> str:
-    """`cq/gpu` -> "ClusterQueue gpu", `cohort/all` -> "cohort all" (the terms' pool)."""
-    kind, sep, name = pool.partition("/")
-    if not sep:
-        return pool or "the pool"
-    return {"cq": "ClusterQueue", "cohort": "cohort"}.get(kind, kind) + " " + name
 
 
 def usage_over_entitlement(level: int, levels: int) -> tuple[float, float] | None:
@@ -342,7 +335,7 @@ def _advice(r: Report) -> list[str]:
         state, team, teams = r.terms.get("state"), r.terms.get("team", "?"), r.terms.get("for")
         if state == "reclaimable":
             out.append(f"Team {team} holds {r.terms.get('over', '?')}x its entitlement in "
-                       f"{pool_name(r.terms.get('pool', ''))} and this Workload ran past "
+                       f"{pool_label(r.terms.get('pool', ''))} and this Workload ran past "
                        f"MIN_RUNTIME: Kueue may preempt it for waiting work of team(s) {teams} "
                        "(same class, below their entitlement) - a reclaim.")
         elif state == "yielding":
@@ -400,7 +393,7 @@ def _advice(r: Report) -> list[str]:
                 else:
                     times = f"about {low:.1f}-{high:.1f}x"
                 out.append(f"Team {team} uses {times} its share of "
-                           f"{pool_name(t.get('pool', ''))}: its work ranks below teams that use "
+                           f"{pool_label(t.get('pool', ''))}: its work ranks below teams that use "
                            "less, until its usage falls (finishing or fewer running jobs).")
             elif high <= 1.0:
                 out.append(f"Team {team} uses less than its share; fairness ranks its work up.")

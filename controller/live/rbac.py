@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.config import Settings
+from controller.config import CapacitySourceSetting, Settings
 from controller.live.discovery import KUEUE_CONFIG_MAP, KUEUE_DEPLOYMENT
 from controller.live.owners import owner_resources
 
@@ -55,7 +55,7 @@ def permissions(settings: Settings) -> list[Permission]:
             out.append(Permission(owner.group, owner.plural, verb, None,
                                   "class annotations and team labels on the Workload's owner",
                                   required=False))
-    if settings.capacity_source != "quota":
+    if settings.capacity_source != CapacitySourceSetting.QUOTA:
         for verb in ("list", "watch"):
             out.append(Permission("", "nodes", verb, None, "GPU inventory annotations"))
     out.append(Permission("", "events", "create", None, "Events on Workloads, Jobs, pods"))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from controller.accounting import UsageHistory
-from controller.config import Settings
+from controller.config import CapacitySourceSetting, Settings
 from controller.domain import KueueApiVersion, QuotaCheck
 from controller.live.api import (
     CLUSTER_QUEUES,
@@ -238,7 +238,7 @@ class LiveController:
             "jobs": WatchSpec(JOBS, label_selector=JOB_SELECTOR),
             "pods": WatchSpec(PODS, label_selector=POD_SELECTOR),
         }
-        if self.settings.capacity_source != "quota":
+        if self.settings.capacity_source != CapacitySourceSetting.QUOTA:
             specs["nodes"] = WatchSpec(NODES)
         for res in self.owner_resources:  # JobSets, RayJobs, ...: class annotations
             specs[f"{OWNERS_PREFIX}{res.plural}"] = WatchSpec(res, label_selector=JOB_SELECTOR)

@@ -156,3 +156,12 @@ def test_effective_priority_is_what_kueue_orders_by() -> None:
     assert effective_priority(wl({KUEUE_PRIORITY_BOOST_ANNOTATION: "250"}, prio=100)) == 350
     assert effective_priority(wl({KUEUE_PRIORITY_BOOST_ANNOTATION: "x"}, prio=100)) == 100
     assert effective_priority(wl()) == 0
+
+
+def test_pool_names_round_trip_for_people() -> None:
+    from controller.domain import pool_key, pool_label
+
+    assert pool_key("gpu") == "cq/gpu" and pool_key("gpu", "all") == "cohort/all"
+    assert pool_label(pool_key("gpu")) == "ClusterQueue gpu"
+    assert pool_label(pool_key("gpu", "all")) == "cohort all"
+    assert pool_label("") == "the pool"
