@@ -159,8 +159,9 @@ def test_e2e_job_pods_run_on_kwok_gpu_node_and_free_quota(e2e_plane: Plane,
     kube.create_resource_flavor(api, f"gpu-{ns}", node_labels={"wdrf-test/node": node})
     kube.create_queues(api, ns, {"cpu": 2, "nvidia.com/gpu": 1}, flavor=f"gpu-{ns}")
     req = {"cpu": "1", "nvidia.com/gpu": "1"}
-    # first runs long enough that Kueue has tried (and parked) second before it finishes
-    kube.create_job(api, ns, "first", "lq", requests=req, run_seconds=15)
+    # first runs long enough that Kueue has tried (and parked) second before it finishes, even
+    # on a loaded 2-core machine (15 s was seen to be too short there)
+    kube.create_job(api, ns, "first", "lq", requests=req, run_seconds=30)
     kube.create_job(api, ns, "second", "lq", requests=req, run_seconds=3)
     first = kube.workload_for_job(api, ns, "first")["metadata"]["name"]
     second = kube.workload_for_job(api, ns, "second")["metadata"]["name"]
