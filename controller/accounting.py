@@ -44,7 +44,7 @@ from controller.plan import TeamShare
 from controller.usage import UsageHistory
 
 if TYPE_CHECKING:
-    from controller.config import Settings
+    from controller.config import PolicySettings
 
 __all__ = ["UsageHistory"]
 
@@ -65,7 +65,7 @@ UNKNOWN_POOL = "-"
 Vector = dict[str, float]
 
 
-def is_known_resource(name: str, settings: Settings) -> bool:
+def is_known_resource(name: str, settings: PolicySettings) -> bool:
     return (
         name in _BUILTIN_RESOURCES
         or name in settings.resource_weights
@@ -79,7 +79,7 @@ def is_known_resource(name: str, settings: Settings) -> bool:
 
 def team_of(
     workload: Workload,
-    settings: Settings,
+    settings: PolicySettings,
     job_labels: Mapping[str, str] | None = None,
 ) -> str:
     """A workload's team: its namespace (default), a label (workload, then owner Job), or its
@@ -96,7 +96,7 @@ def team_of(
     return settings.team_namespaces.get(workload.namespace, workload.namespace)
 
 
-def team_weight(team: str, settings: Settings) -> float:
+def team_weight(team: str, settings: PolicySettings) -> float:
     return settings.team_weights.get(team, 1.0)
 
 
@@ -167,7 +167,9 @@ def gpu_summary(pod_sets: Iterable[PodSet], card_memory_mib: float | None) -> tu
 
 
 
-def resource_problems(workload: Workload, settings: Settings) -> list[tuple[InputProblem, bool]]:
+def resource_problems(
+    workload: Workload, settings: PolicySettings
+) -> list[tuple[InputProblem, bool]]:
     """Problems in a workload's container resources, each with `blocking` (leave unchanged)."""
     out: list[tuple[InputProblem, bool]] = []
     for ps in workload.pod_sets:
@@ -311,7 +313,7 @@ def prospective_base(usage: Mapping[str, float], cap: Mapping[str, float],
 
 
 def weighted_share(vec: Mapping[str, float], cap: Mapping[str, float],
-                   settings: Settings, team_weight_value: float) -> float:
+                   settings: PolicySettings, team_weight_value: float) -> float:
     """Weighted dominant share of a vector (the lean form of `team_share`)."""
     weights = settings.resource_weights
     best = 0.0
@@ -332,7 +334,7 @@ def _fresh(inv: NodeInventory, now: datetime, max_age: float) -> bool:
 
 
 def gpu_inventory(
-    nodes: Iterable[NodeInventory], settings: Settings, now: datetime
+    nodes: Iterable[NodeInventory], settings: PolicySettings, now: datetime
 ) -> tuple[list[NodeInventory], CapacitySource | None]:
     """The node inventories to trust, per CAPACITY_SOURCE (auto: fresh agent data per node,
     else HAMi's register annotation)."""
@@ -360,7 +362,7 @@ def gpu_inventory(
     return chosen, source
 
 
-def card_memory(inventory: Iterable[NodeInventory], settings: Settings) -> float | None:
+def card_memory(inventory: Iterable[NodeInventory], settings: PolicySettings) -> float | None:
     """Card memory (MiB) to turn gpumem into a percentage: the smallest healthy card seen
     (over-counting beats under-counting), else GPU_MEMORY_MIB, else unknown."""
     sizes = [g.memory_mib for inv in inventory for g in inv.gpus if g.healthy and g.memory_mib > 0]
@@ -429,7 +431,7 @@ def cluster_capacity(pools: Mapping[str, Vector]) -> Vector:
 
 
 def team_share(
-    team: str, usage: Mapping[str, float], cap: Mapping[str, float], settings: Settings,
+    team: str, usage: Mapping[str, float], cap: Mapping[str, float], settings: PolicySettings,
     pool: str = "",
 ) -> TeamShare:
     """Weighted dominant share: max over dimensions of usage/capacity x resource weight,
@@ -461,7 +463,7 @@ def team_share(
 
 def active_weights(
     shares: Mapping[tuple[str, str], TeamShare], present: Collection[tuple[str, str]],
-    settings: Settings,
+    settings: PolicySettings,
 ) -> dict[str, float]:
     """W per pool: the sum of the weights of the teams active in it, i.e. with a Workload
     there (holding quota, or pending and active) or, with usage history, a decayed weighted
@@ -488,7 +490,8 @@ def fairness_factor(dominant_share: float, total_weight: float) -> float:
 
 
 def fairness_level(
-    dominant_share: float, total_weight: float, settings: Settings, previous: int | None = None
+    dominant_share: float, total_weight: float, settings: PolicySettings,
+    previous: int | None = None,
 ) -> int:
     """Quantized fairness level 0..FAIRNESS_LEVELS with hysteresis: a team keeps its previous
     level until its exact position passes that level by FAIRNESS_HYSTERESIS of a level either
@@ -505,12 +508,12 @@ def fairness_level(
     return fresh
 
 
-def fairness_term(dominant_share: float, total_weight: float, settings: Settings) -> int:
+def fairness_term(dominant_share: float, total_weight: float, settings: PolicySettings) -> int:
     """Fairness points of the level (no hysteresis): level x FAIRNESS_POINTS / levels."""
     level = fairness_level(dominant_share, total_weight, settings)
     return level_points(level, settings)
 
 
-def level_points(level: int, settings: Settings) -> int:
+def level_points(level: int, settings: PolicySettings) -> int:
     return level * settings.fairness_points // settings.fairness_levels
 

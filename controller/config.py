@@ -471,18 +471,37 @@ _DEFAULT_RESOURCE_WEIGHTS = {CPU: 1.0, MEMORY: 1.0, GPU: 1.0, GPUCORES: 1.0, GPU
 _DEFAULT_HAMI_RULES = (HamiRule(fractional=True, node_policy="binpack", gpu_policy="binpack"),)
 
 
-@dataclass(frozen=True, slots=True)
-class Settings:
-    # --- loop and logging ---
-    loop_interval: float = setting(
-        "LOOP_INTERVAL", 10.0, duration_at_least(1, _PACE), "seconds between cycles"
-    )
+@dataclass(frozen=True)
+class LoggingSettings:
+    """LOG_LEVEL and LOG_FORMAT: what `controller.logs.setup_logging` reads."""
+
     log_level: str = setting("LOG_LEVEL", "INFO", p_log_level, "DEBUG|INFO|WARNING|ERROR")
     log_format: str = setting("LOG_FORMAT", "text", _choice("text", "json"), "text|json")
-    kubeconfig_path: str = setting("KUBECONFIG_PATH", "", p_str, "empty: in-cluster/default")
-    kubeconfig_context: str = setting(
-        "KUBECONFIG_CONTEXT", "", p_str, "kubeconfig context (empty: its current context)"
+
+
+@dataclass(frozen=True)
+class HamiSettings:
+    """What `controller.hami.decide_hami` reads: the HAMi release and the scheduling-policy
+    defaults and rules (docs/policy.md, "HAMi decisions")."""
+
+    hami_version: str = setting("HAMI_VERSION", "v2.10", p_hami_version, "HAMi release")
+    hami_default_node_policy: str = setting(
+        "HAMI_DEFAULT_NODE_POLICY", "", p_node_policy, "empty: leave HAMi's default"
     )
+    hami_default_gpu_policy: str = setting(
+        "HAMI_DEFAULT_GPU_POLICY", "", p_gpu_policy, "empty: leave HAMi's default"
+    )
+    hami_rules: tuple[HamiRule, ...] = setting(
+        "HAMI_RULES", list(_DEFAULT_HAMI_RULES), p_hami_rules, "policy rules"
+    )
+
+
+@dataclass(frozen=True)
+class PolicySettings(HamiSettings):
+    """Everything `compute_plan` reads: the priority formula, reclaim, accounting and the
+    HAMi decisions (docs/policy.md, "Configuration reference"), with the rules derived from
+    them (class bands, guards, the starvation bound)."""
+
     # --- priority formula ---
     priority_weights: Mapping[str, int] = setting(
         "PRIORITY_WEIGHTS", _DEFAULT_PRIORITY_WEIGHTS, p_priority_weights, "class weights"
@@ -545,9 +564,6 @@ class Settings:
         "REQUEUE_TIMESTAMP", RequeueTimestampSetting.AUTO, p_requeue_timestamp,
         "where a requeued Workload's wait starts (auto: Kueue's config, else eviction)",
     )
-    priority_mode: PriorityMode = setting(  # noqa: RUF009 - setting() returns a field
-        "PRIORITY_MODE", PriorityMode.AUTO, p_priority_mode, "auto|boost|spec"
-    )
     # --- accounting ---
     resource_weights: Mapping[str, float] = setting(
         "RESOURCE_WEIGHTS", _DEFAULT_RESOURCE_WEIGHTS, p_resource_weights, "per-resource weight"
@@ -578,70 +594,6 @@ class Settings:
     gpu_memory_mib: int = setting(
         "GPU_MEMORY_MIB", 0, p_nonneg_int, "card memory when no inventory (0 = unknown)"
     )
-    # --- HAMi ---
-    hami_version: str = setting("HAMI_VERSION", "v2.10", p_hami_version, "HAMi release")
-    hami_default_node_policy: str = setting(
-        "HAMI_DEFAULT_NODE_POLICY", "", p_node_policy, "empty: leave HAMi's default"
-    )
-    hami_default_gpu_policy: str = setting(
-        "HAMI_DEFAULT_GPU_POLICY", "", p_gpu_policy, "empty: leave HAMi's default"
-    )
-    hami_rules: tuple[HamiRule, ...] = setting(
-        "HAMI_RULES", list(_DEFAULT_HAMI_RULES), p_hami_rules, "policy rules"
-    )
-    # --- live controller ---
-    metrics_port: int = setting("METRICS_PORT", 8080, p_port, "Prometheus port (0 = off)")
-    metrics_cert_file: str = setting(
-        "METRICS_CERT_FILE", "", p_str,
-        "PEM certificate: /metrics over HTTPS with TokenReview + SubjectAccessReview",
-    )
-    metrics_key_file: str = setting("METRICS_KEY_FILE", "", p_str, "its private key (PEM)")
-    health_port: int = setting(
-        "HEALTH_PORT", 8081, p_port, "plain-HTTP health port when /metrics is on HTTPS"
-    )
-    leader_election: bool = setting("LEADER_ELECTION", True, p_bool, "use a Lease")
-    lease_name: str = setting("LEASE_NAME", "wdrf-controller", p_str, "Lease name")
-    controller_namespace: str = setting(
-        "CONTROLLER_NAMESPACE", "kueue-system", p_str, "namespace of Lease/ConfigMap"
-    )
-    kueue_namespace: str = setting("KUEUE_NAMESPACE", "kueue-system", p_str, "Kueue namespace")
-    lease_duration: float = setting(
-        "LEASE_DURATION", 15.0, duration_at_least(3, "a Lease must outlive a few renewals"),
-        "Lease validity",
-    )
-    renew_deadline: float = setting(
-        "RENEW_DEADLINE", 10.0, duration_at_least(2, "a renewal needs time to reach the API"),
-        "leader stops writing",
-    )
-    retry_period: float = setting(
-        "RETRY_PERIOD", 2.0, duration_at_least(1, "each try is a request to the API server"),
-        "Lease acquire/renew period",
-    )
-    event_rate_limit: float = setting(
-        "EVENT_RATE_LIMIT", 3600.0, p_duration, "one Event of a reason per object per this"
-    )
-    event_qps: float = setting(
-        "EVENT_QPS", 10.0, p_nonneg_float, "Events per second at most, all objects (0 = no limit)"
-    )
-    api_retries: int = setting("API_RETRIES", 5, p_pos_int, "attempts per write and cycle")
-    history_config_map: str = setting(
-        "HISTORY_CONFIG_MAP", "wdrf-usage-history", p_str, "ConfigMap for decayed usage"
-    )
-    write_budget: int = setting(
-        "WRITE_BUDGET", 1000, p_pos_int, "priority patches per cycle at most (head first)"
-    )
-    client_qps: float = setting("CLIENT_QPS", 50.0, p_pos_float, "apiserver requests/s")
-    client_burst: int = setting("CLIENT_BURST", 100, p_pos_int, "request burst above CLIENT_QPS")
-    cache_max_staleness: float = setting(
-        "CACHE_MAX_STALENESS", 120.0, p_duration,
-        "not ready and no writes while the Workload/ClusterQueue cache is older than this",
-    )
-    once_timeout: float = setting(
-        "ONCE_TIMEOUT", 60.0, duration_at_least(1, "a cycle needs at least one LIST"),
-        "--once gives up after this",
-    )
-
-    # -----------------------------------------------------------------------------------------
 
     def class_weight(self, cls: PriorityClass) -> int:
         return self.priority_weights[cls.value]
@@ -767,6 +719,98 @@ class Settings:
                 "MAX_AGING_TIME / PRIORITY_REBASE_PERIOD / FAIRNESS_POINTS"
             )
         return out
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """What only the live controller reads: its loop, the API connection, the priority mode,
+    leader election, metrics and health, Events, write budget and caches."""
+
+    loop_interval: float = setting(
+        "LOOP_INTERVAL", 10.0, duration_at_least(1, _PACE), "seconds between cycles"
+    )
+    kubeconfig_path: str = setting("KUBECONFIG_PATH", "", p_str, "empty: in-cluster/default")
+    kubeconfig_context: str = setting(
+        "KUBECONFIG_CONTEXT", "", p_str, "kubeconfig context (empty: its current context)"
+    )
+    priority_mode: PriorityMode = setting(  # noqa: RUF009 - setting() returns a field
+        "PRIORITY_MODE", PriorityMode.AUTO, p_priority_mode, "auto|boost|spec"
+    )
+    metrics_port: int = setting("METRICS_PORT", 8080, p_port, "Prometheus port (0 = off)")
+    metrics_cert_file: str = setting(
+        "METRICS_CERT_FILE", "", p_str,
+        "PEM certificate: /metrics over HTTPS with TokenReview + SubjectAccessReview",
+    )
+    metrics_key_file: str = setting("METRICS_KEY_FILE", "", p_str, "its private key (PEM)")
+    health_port: int = setting(
+        "HEALTH_PORT", 8081, p_port, "plain-HTTP health port when /metrics is on HTTPS"
+    )
+    leader_election: bool = setting("LEADER_ELECTION", True, p_bool, "use a Lease")
+    lease_name: str = setting("LEASE_NAME", "wdrf-controller", p_str, "Lease name")
+    controller_namespace: str = setting(
+        "CONTROLLER_NAMESPACE", "kueue-system", p_str, "namespace of Lease/ConfigMap"
+    )
+    kueue_namespace: str = setting("KUEUE_NAMESPACE", "kueue-system", p_str, "Kueue namespace")
+    lease_duration: float = setting(
+        "LEASE_DURATION", 15.0, duration_at_least(3, "a Lease must outlive a few renewals"),
+        "Lease validity",
+    )
+    renew_deadline: float = setting(
+        "RENEW_DEADLINE", 10.0, duration_at_least(2, "a renewal needs time to reach the API"),
+        "leader stops writing",
+    )
+    retry_period: float = setting(
+        "RETRY_PERIOD", 2.0, duration_at_least(1, "each try is a request to the API server"),
+        "Lease acquire/renew period",
+    )
+    event_rate_limit: float = setting(
+        "EVENT_RATE_LIMIT", 3600.0, p_duration, "one Event of a reason per object per this"
+    )
+    event_qps: float = setting(
+        "EVENT_QPS", 10.0, p_nonneg_float, "Events per second at most, all objects (0 = no limit)"
+    )
+    api_retries: int = setting("API_RETRIES", 5, p_pos_int, "attempts per write and cycle")
+    history_config_map: str = setting(
+        "HISTORY_CONFIG_MAP", "wdrf-usage-history", p_str, "ConfigMap for decayed usage"
+    )
+    write_budget: int = setting(
+        "WRITE_BUDGET", 1000, p_pos_int, "priority patches per cycle at most (head first)"
+    )
+    client_qps: float = setting("CLIENT_QPS", 50.0, p_pos_float, "apiserver requests/s")
+    client_burst: int = setting("CLIENT_BURST", 100, p_pos_int, "request burst above CLIENT_QPS")
+    cache_max_staleness: float = setting(
+        "CACHE_MAX_STALENESS", 120.0, p_duration,
+        "not ready and no writes while the Workload/ClusterQueue cache is older than this",
+    )
+    once_timeout: float = setting(
+        "ONCE_TIMEOUT", 60.0, duration_at_least(1, "a cycle needs at least one LIST"),
+        "--once gives up after this",
+    )
+
+
+
+@dataclass(frozen=True)
+class Settings(LiveSettings, PolicySettings, LoggingSettings):
+    """Every config key, in groups (as kopf's OperatorSettings): a function takes the group it
+    reads (`compute_plan` a PolicySettings, `decide_hami` a HamiSettings, the log set-up a
+    LoggingSettings), and a Settings is each of them. The config file keys and environment
+    variables are the fields' `key`s, one per field, whatever the group."""
+
+    @property
+    def policy(self) -> PolicySettings:
+        return self
+
+    @property
+    def hami(self) -> HamiSettings:
+        return self
+
+    @property
+    def live(self) -> LiveSettings:
+        return self
+
+    @property
+    def logging(self) -> LoggingSettings:
+        return self
 
 
 SETTING_FIELDS = {f.metadata["key"]: f for f in fields(Settings) if "key" in f.metadata}

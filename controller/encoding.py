@@ -28,7 +28,7 @@ from controller.domain import PriorityClass, RequeueTimestamp, Workload
 from controller.plan import TERMS_VERSION
 
 if TYPE_CHECKING:
-    from controller.config import Settings
+    from controller.config import PolicySettings
 
 REBASE_EPOCH = datetime.fromisoformat(REBASE_EPOCH_ISO)
 
@@ -43,7 +43,9 @@ def next_rebase(now: datetime, period: float) -> datetime:
     return reference(now, period) + timedelta(seconds=period)
 
 
-def requeue_mode(snapshot_mode: RequeueTimestamp | None, settings: Settings) -> RequeueTimestamp:
+def requeue_mode(
+    snapshot_mode: RequeueTimestamp | None, settings: PolicySettings
+) -> RequeueTimestamp:
     """REQUEUE_TIMESTAMP: a fixed value wins; auto follows Kueue's config when the snapshot
     knows it, else Kueue's default (eviction)."""
     if settings.requeue_timestamp != "auto":
@@ -60,7 +62,7 @@ def queued_since(workload: Workload, mode: RequeueTimestamp) -> datetime:
     return workload.created
 
 
-def aging_term(queued_ts: float, reference_ts: float, settings: Settings) -> int:
+def aging_term(queued_ts: float, reference_ts: float, settings: PolicySettings) -> int:
     """The encoded aging term from POSIX seconds (hot path: no datetimes)."""
     period = settings.rebase_period
     x = reference_ts + period - queued_ts
@@ -72,7 +74,7 @@ def aging_term(queued_ts: float, reference_ts: float, settings: Settings) -> int
     return math.floor(settings.aging_coefficient * x + 1e-9)
 
 
-def base_term(base: int, settings: Settings) -> int:
+def base_term(base: int, settings: PolicySettings) -> int:
     """The base priority's contribution, 0..2 x BASE_PRIORITY_CAP: a user-chosen
     WorkloadPriorityClass can move a Workload only inside its class band."""
     cap = settings.base_priority_cap
@@ -80,13 +82,13 @@ def base_term(base: int, settings: Settings) -> int:
 
 
 def pending_value(
-    cls: PriorityClass, base: int, fairness: int, aging: int, settings: Settings
+    cls: PriorityClass, base: int, fairness: int, aging: int, settings: PolicySettings
 ) -> int:
     return settings.class_term(cls) + base_term(base, settings) + fairness + aging
 
 
 def formula_value(
-    cls: PriorityClass, base: int, fairness: int, wait_seconds: float, settings: Settings
+    cls: PriorityClass, base: int, fairness: int, wait_seconds: float, settings: PolicySettings
 ) -> float:
     """The priority the formula gives at one instant (the v1 model without its step): what the
     encoding's order must equal. Used by tests and `explain`."""

@@ -41,7 +41,7 @@ from controller.hami_values import NODE_POLICIES, valid_gpu_policy
 from controller.plan import HamiDecision
 
 if TYPE_CHECKING:
-    from controller.config import Settings
+    from controller.config import HamiSettings
 
 _FRACTION = re.compile(r"^(?:0(?:\.[0-9]+)?|1(?:\.0*)?|\.[0-9]+)$")
 
@@ -118,7 +118,7 @@ def decide_hami(
     job: JobInfo | None,
     priority_class: PriorityClass,
     cluster_queue: str | None,
-    settings: Settings,
+    settings: HamiSettings,
     card_memory_mib: float | None,
     cache: dict[tuple[object, ...], HamiDecision | None] | None = None,
 ) -> tuple[HamiDecision | None, list[InputProblem]]:
@@ -159,7 +159,7 @@ def _by_rules(
     job: JobInfo | None,
     priority_class: PriorityClass,
     cluster_queue: str | None,
-    settings: Settings,
+    settings: HamiSettings,
     fractional: bool,
     node: str | None,
     gpu: str | None,

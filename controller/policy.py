@@ -14,7 +14,7 @@
 Pending:  priority = class_weight x PRIORITY_CLASS_UNIT + base term + fairness + aging, where
           aging = a x clamp(R + P - queued_since, 0, MAX_AGING_TIME + P) does not move with
           the clock (docs/policy.md); an admin override sets the priority outright.
-Admitted: the class guard (`Settings.guard`), above every pending Workload that must not
+Admitted: the class guard (`PolicySettings.guard`), above every pending Workload that must not
           preempt it, written once such a Workload reaches it (`guard_admitted`), so Kueue's
           preemption only ever sees class differences.
 """
@@ -51,7 +51,7 @@ from controller.accounting import (
     weighted_share,
 )
 from controller.classify import Classified, clamp_int32, classify, implied_base
-from controller.config import INT32_MAX, INT32_MIN, MAX_TEAM_WEIGHT, MIN_TEAM_WEIGHT, Settings
+from controller.config import INT32_MAX, INT32_MIN, MAX_TEAM_WEIGHT, MIN_TEAM_WEIGHT, PolicySettings
 from controller.domain import (
     PRIORITY_TERMS_ANNOTATION,
     ApprovedScope,
@@ -252,7 +252,7 @@ def _previous(w: Workload, pool: str, team: str, levels: int) -> tuple[int | Non
 
 
 def account(
-    g: Gathered, snapshot: ClusterSnapshot, settings: Settings, now: datetime,
+    g: Gathered, snapshot: ClusterSnapshot, settings: PolicySettings, now: datetime,
     history: UsageHistory | None,
 ) -> Accounts:
     inventory, _ = gpu_inventory(snapshot.nodes, settings, now)
@@ -370,7 +370,7 @@ def _boost(target: int, base: int) -> tuple[int, str]:
 class _ClassTerms:
     """Per-class values read once per plan (enum attribute access is slow in the hot loop)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: PolicySettings) -> None:
         self.weight = {c: settings.class_weight(c) for c in PriorityClass}
         self.term = {c: settings.pending_class_term(c) for c in PriorityClass}
         self.guard = {c: settings.guard(c) for c in PriorityClass}
@@ -403,7 +403,7 @@ class _Demands:
 
 
 def score_pending(
-    acc: Accounts, g: Gathered, snapshot: ClusterSnapshot, settings: Settings, now: datetime,
+    acc: Accounts, g: Gathered, snapshot: ClusterSnapshot, settings: PolicySettings, now: datetime,
 ) -> list[Scored]:
     """Score every pending Workload. Fairness is DRF's progressive filling: a Workload's level
     comes from its team's prospective weighted dominant share - the team's usage in the pool,
@@ -443,7 +443,7 @@ def score_pending(
 
 def _score_team(
     pool: str, team: str, queue: list[Scored], acc: Accounts, demands: _Demands,
-    settings: Settings, now: datetime,
+    settings: PolicySettings, now: datetime,
 ) -> None:
     """Progressive filling over one team's queue in one pool (already in team order)."""
     ref = reference(now, settings.rebase_period)
@@ -542,9 +542,9 @@ def pending_threats(scored: Iterable[Scored]) -> Threats:
     return MappingProxyType(out)
 
 
-def _protected_from(settings: Settings) -> Mapping[PriorityClass, tuple[PriorityClass, ...]]:
+def _protected_from(settings: PolicySettings) -> Mapping[PriorityClass, tuple[PriorityClass, ...]]:
     """For each class of admitted work, the pending classes that must not preempt it:
-    `Settings.protected_class` and every class below it."""
+    `PolicySettings.protected_class` and every class below it."""
     out: dict[PriorityClass, tuple[PriorityClass, ...]] = {}
     for cls in PriorityClass:
         limit = settings.pending_class_term(settings.protected_class(cls))
@@ -605,7 +605,7 @@ class _Exposer:
     allowed pending Workloads need, and none while those fit in free capacity; reclaim also
     stops at the pool's budget and before the victim's team falls to its margin."""
 
-    def __init__(self, acc: Accounts, settings: Settings, now: datetime,
+    def __init__(self, acc: Accounts, settings: PolicySettings, now: datetime,
                  admitted_classes: Mapping[str, Classified]) -> None:
         self.acc, self.settings, self.now = acc, settings, now
         self.demands = _Demands(acc)
@@ -732,7 +732,7 @@ class _Exposer:
 
 
 def choose_victims(
-    acc: Accounts, g: Gathered, scored: Iterable[Scored], settings: Settings, now: datetime,
+    acc: Accounts, g: Gathered, scored: Iterable[Scored], settings: PolicySettings, now: datetime,
     admitted_classes: Mapping[str, Classified],
 ) -> Mapping[str, Victim]:
     """The admitted Workloads this plan exposes to preemption (`_Exposer`), by key."""
@@ -787,7 +787,7 @@ def exposed_range(ranked: list[tuple[int, Scored]], protected: tuple[PriorityCla
 
 
 def guard_admitted(
-    acc: Accounts, g: Gathered, settings: Settings, now: datetime, scored: list[Scored],
+    acc: Accounts, g: Gathered, settings: PolicySettings, now: datetime, scored: list[Scored],
 ) -> list[WorkloadDecision]:
     """Admitted Workloads that preemption can reach get their class guard once a pending
     Workload that must not preempt them reaches their priority (this plan's values included:
@@ -915,7 +915,7 @@ def order(scored: list[Scored]) -> list[WorkloadDecision]:
 
 
 def plan_warnings(
-    g: Gathered, acc: Accounts, settings: Settings
+    g: Gathered, acc: Accounts, settings: PolicySettings
 ) -> list[str]:
     warnings = list(settings.warnings())
     for queue in sorted(g.queues.values(), key=lambda c: c.name):
@@ -948,7 +948,7 @@ def plan_warnings(
 
 
 def kueue_team_weights(
-    snapshot: ClusterSnapshot, settings: Settings,
+    snapshot: ClusterSnapshot, settings: PolicySettings,
 ) -> tuple[dict[str, float], list[str]]:
     """Kueue's own weights per team: the `fairSharing.weight` of a ClusterQueue that one team
     alone uses (its LocalQueues all belong to that team), or, in a ClusterQueue with Admission
@@ -1007,7 +1007,7 @@ def _team_summary(shares: Mapping[PoolTeam, TeamShare]) -> Mapping[str, TeamShar
 
 def compute_plan(
     snapshot: ClusterSnapshot,
-    settings: Settings,
+    settings: PolicySettings,
     now: datetime,
     history: UsageHistory | None = None,
 ) -> Plan:
