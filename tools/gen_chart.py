@@ -215,6 +215,22 @@ def template_workload(obj: Obj, tpl: Tpl, values: str, replicas: bool) -> Obj:
     return obj
 
 
+def https_service_monitor(plain: Obj) -> Obj:
+    """The ServiceMonitor for /metrics over HTTPS (overlays/secure-metrics): the Service's
+    https-metrics port, Prometheus' ServiceAccount token (the controller checks it with a
+    TokenReview; bind Prometheus to wdrf-metrics-reader), the certificate checked against the
+    TLS Secret's CA."""
+    obj: Obj = json.loads(json.dumps(plain))
+    for ep in obj["spec"]["endpoints"]:
+        ep.update({
+            "port": "https-metrics", "scheme": "https",
+            "bearerTokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token",
+            "tlsConfig": {"serverName": f"wdrf-controller-metrics.{NAMESPACE}.svc",
+                          "ca": {"secret": {"name": SECURE_SECRET, "key": "ca.crt"}}},
+        })
+    return obj
+
+
 def render_objects(objs: list[Obj], *, values_for: dict[str, Any] | None = None) -> str:
     out = []
     for obj in objs:
@@ -228,6 +244,11 @@ def render_objects(objs: list[Obj], *, values_for: dict[str, Any] | None = None)
             template_workload(obj, tpl, ".Values.agent", replicas=False)
         elif kind == "ConfigMap" and obj["metadata"]["name"] == "wdrf-admission-params":
             obj["data"] = tpl.yaml_block("toYaml .Values.admissionPolicy.params")
+        elif kind == "ServiceMonitor":
+            for ep in obj["spec"]["endpoints"]:
+                secret = ((ep.get("tlsConfig") or {}).get("ca") or {}).get("secret") or {}
+                if secret.get("name") == SECURE_SECRET:
+                    secret["name"] = tpl.value("{{ .Values.metrics.https.secretName }}")
         elif kind == "PrometheusRule":
             for group in obj["spec"]["groups"]:
                 for rule in group["rules"]:
@@ -526,7 +547,14 @@ def generate() -> dict[str, str]:
         cond = f".Values.{value}.enabled"
         if o["kind"] == "PodMonitor":
             cond = f"and {cond} .Values.agent.enabled"
-        body += gate(cond, render_objects([o], values_for={o["kind"]: f".Values.{value}.labels"}))
+        labels = {o["kind"]: f".Values.{value}.labels"}
+        if o["kind"] == "ServiceMonitor":  # follows the metrics.https switch
+            https = ".Values.metrics.https.enabled"
+            body += gate(f"and {cond} (not {https})", render_objects([o], values_for=labels))
+            body += gate(f"and {cond} {https}",
+                         render_objects([https_service_monitor(o)], values_for=labels))
+            continue
+        body += gate(cond, render_objects([o], values_for=labels))
     files["templates/monitoring.yaml"] = HEADER + body
     return files
 

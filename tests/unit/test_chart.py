@@ -264,6 +264,15 @@ def test_https_metrics_switch_renders_the_secure_metrics_overlay(
     secrets = [v["secret"]["secretName"] for v in dep["spec"]["template"]["spec"]["volumes"]
                if "secret" in v]
     assert secrets == ["my-tls"]
+    # the ServiceMonitor follows: the https port of the Service, the token, the Secret's CA
+    objs = template(helm, "metrics.https.enabled=true", "metrics.https.secretName=my-tls",
+                    "serviceMonitor.enabled=true")
+    (ep,) = next(o for o in objs if o["kind"] == "ServiceMonitor")["spec"]["endpoints"]
+    svc = next(o for o in objs if o["kind"] == "Service")
+    assert ep["port"] in [p["name"] for p in svc["spec"]["ports"]] and ep["scheme"] == "https"
+    assert ep["tlsConfig"]["ca"]["secret"]["name"] == "my-tls"
+    assert ep["tlsConfig"]["serverName"] == f"wdrf-controller-metrics.{NS}.svc"
+    assert "bearerTokenFile" in ep
 
 
 @pytest.mark.tools
