@@ -1,17 +1,18 @@
 """Benchmark the live controller at Kueue's large-scale shape on the real plane (not a test).
 
     .venv/bin/python bench/scale_bench.py [--workloads 5000] [--cluster-queues 1000]
-        [--cohorts 10] [--namespaces 500] [--timeout 1800] [--quiet 120] [--keep]
+        [--cohorts 10] [--namespaces 500] [--quota N] [--timeout 1800] [--quiet 120] [--keep]
 
 The shape of Kueue's own large-scale performance configuration: ClusterQueues in cohorts
-(nominal quota 20 CPUs, borrowing limit 100, `reclaimWithinCohort: Any`, `withinClusterQueue:
-LowerPriority`), Workloads of three sizes (1, 5 and 20 CPUs; priorities 50, 100 and 200 as
-Kueue's small, medium and large classes, in the proportions 20:7:3), spread over every
-ClusterQueue; the queues'
-LocalQueues in `--namespaces` namespaces (one team each, so a team uses several queues in
-different cohorts). 5 % of the Workloads are urgent and 15 % approved. The Workloads are
-created first and Kueue admits what fits; then the controller starts, as its own process
-(`python -m controller` at config.yaml's settings: CLIENT_QPS 50, WRITE_BUDGET 1000), cold.
+(nominal quota 20 CPUs at 50,000 Workloads, scaled down with the Workloads per queue so that
+about as large a share waits; borrowing limit 5x that; `reclaimWithinCohort: Any`,
+`withinClusterQueue: LowerPriority`), Workloads of three sizes (1, 5 and 20 CPUs;
+priorities 50, 100 and 200 as Kueue's small, medium and large classes, in the proportions
+20:7:3), spread over every ClusterQueue; the queues' LocalQueues in `--namespaces`
+namespaces (one team each, so a team uses several queues in different cohorts). 5 % of the
+Workloads are urgent and 15 % approved. The Workloads are created first and Kueue admits
+what fits; then the controller starts, as its own process (`python -m controller` at
+config.yaml's settings: CLIENT_QPS 50, WRITE_BUDGET 1000), cold.
 
 Reported:
 * time from the controller's start until every ClusterQueue's first 10 pending positions are
@@ -62,7 +63,8 @@ AGENT = "wdrf-controller"
 SIZES = (("small", 50, 1, 20), ("medium", 100, 5, 7), ("large", 200, 20, 3))
 
 
-def setup_queues(api: Any, queues: int, cohorts: int, namespaces: list[str]) -> list[str]:
+def setup_queues(api: Any, queues: int, cohorts: int, namespaces: list[str],
+                 quota: int) -> list[str]:
     kube.create_resource_flavor(api, "default")
     per_cohort = max(1, queues // cohorts)
     names = [f"cq-{i:04d}" for i in range(queues)]
@@ -77,7 +79,8 @@ def setup_queues(api: Any, queues: int, cohorts: int, namespaces: list[str]) -> 
                                "withinClusterQueue": "LowerPriority"},
                 "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [{
                     "name": "default", "resources": [
-                        {"name": "cpu", "nominalQuota": "20", "borrowingLimit": "100"}]}]}],
+                        {"name": "cpu", "nominalQuota": str(quota),
+                         "borrowingLimit": str(5 * quota)}]}]}],
             }})
         ns = namespaces[i % len(namespaces)]
         kube.create_local_queue(api, ns, f"lq-{i // len(namespaces)}", names[i])
@@ -224,8 +227,15 @@ def main() -> int:
     ap.add_argument("--namespaces", type=int, default=500)
     ap.add_argument("--timeout", type=float, default=1800, help="give up converging after")
     ap.add_argument("--quiet", type=float, default=120, help="seconds watched after converging")
+    ap.add_argument("--quota", type=int, default=0,
+                    help="nominal CPUs per ClusterQueue (default: Kueue's 20 scaled to the "
+                         "Workloads per queue, so about as much waits as at 50,000)")
     ap.add_argument("--keep", action="store_true", help="keep the plane's directory")
     a = ap.parse_args()
+    quota = a.quota or max(1, round(20 * a.workloads / 50_000))
+    # A plain `kill` (or ^C of a background run) still stops the plane and the controller.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"load average at start {os.getloadavg()} on {os.cpu_count()} cores", flush=True)
 
     with Plane.temporary(keep=a.keep) as plane:
@@ -233,12 +243,13 @@ def main() -> int:
         namespaces = [f"ns-{i:03d}" for i in range(a.namespaces)]
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda ns: kube.create_namespace(plane.api_client(), ns), namespaces))
-        setup_queues(api, a.cluster_queues, a.cohorts, namespaces)
+        setup_queues(api, a.cluster_queues, a.cohorts, namespaces, quota)
         bodies = workload_bodies(a.workloads, a.cluster_queues, namespaces)
         created = create_all(plane, bodies)
         del bodies
         print(f"created {a.workloads} Workloads over {a.cluster_queues} ClusterQueues in "
-              f"{a.cohorts} cohorts, {a.namespaces} namespaces, in {created:.0f}s", flush=True)
+              f"{a.cohorts} cohorts (nominal {quota} CPUs each, borrowing {5 * quota}), "
+              f"{a.namespaces} namespaces, in {created:.0f}s", flush=True)
         settled, pending, admitted = wait_kueue_settled(api, a.workloads, a.timeout)
         print(f"Kueue settled {settled:.0f}s later: {pending} pending, {admitted} admitted",
               flush=True)
