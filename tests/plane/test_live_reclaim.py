@@ -1,0 +1,198 @@
+"""Proof on the real plane: reclaim inside one ClusterQueue goes through Kueue's own preemption,
+after MIN_RUNTIME, only as many as needed, within the budget, each Workload at most once.
+
+One ClusterQueue of 8 GPUs with `withinClusterQueue: LowerPriority`, two teams of equal weight.
+The heavy team holds every GPU with long one-GPU Jobs: six started first ("old"), two a few
+seconds later ("new"). The live controller runs with RECLAIM_ENABLED, MIN_RUNTIME 20s and
+RECLAIM_BUDGET_PER_HOUR 2; the light team (below its entitlement, same class) submits one Job,
+later two more. The witness is Kueue: its Preempted/Evicted conditions and its Preempted Events,
+which name the preemptor; the controller cannot write those.
+
+* Before the old Jobs have run MIN_RUNTIME nothing is preempted, though the light Job waits.
+* Within one cycle after that Kueue preempts exactly one old Job (only one is needed; the new
+  ones have not run MIN_RUNTIME yet), for the light Job.
+* Once the new Jobs have run MIN_RUNTIME the light team asks for two more: the budget has one
+  preemption left this hour, so Kueue preempts exactly one more, a new Job (most recently
+  started: the least work lost), and the third light Job keeps waiting.
+* No Workload is preempted twice, no preempted Workload takes its GPU back, and every victim's
+  Event from the controller names the light team as the one it was exposed to.
+
+Every Job uses a WorkloadPriorityClass (value 0): Kueue v0.19 retries its inadmissible
+Workloads when an admitted Workload's effective priority changes only for Workloads with a
+WorkloadPriorityClass (`workload.PriorityChanged`); without one, lowering a victim's priority
+leaves the waiting Job untried until some other event requeues the ClusterQueue.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s
+
+from controller.domain import PRIORITY_TERMS_ANNOTATION
+from tests.plane import live_helpers as h
+from tests.support import kube
+
+pytestmark = pytest.mark.plane
+
+GPU = "nvidia.com/gpu"
+MIN_RUNTIME = 20.0
+LOOP = 1.0
+BUDGET = 2
+PREEMPTED = re.compile(r"Preempted to accommodate a workload \(UID: ([^,]+), JobUID: [^)]*\) "
+                       r"due to (.+?); preemptor path")
+
+
+def ts(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def kueue_preemptions(api: k8s.ApiClient, ns: str) -> list[tuple[str, str, str]]:
+    """(victim Workload, preemptor UID, reason text) from Kueue's own Preempted Events."""
+    out = []
+    for e in kube.request(api, "GET", f"/api/v1/namespaces/{ns}/events")["items"]:
+        if e.get("reason") != "Preempted" or e["involvedObject"].get("kind") != "Workload":
+            continue
+        m = PREEMPTED.search(e.get("message", ""))
+        assert m, e.get("message")
+        out += [(e["involvedObject"]["name"], m.group(1), m.group(2))] * int(e.get("count") or 1)
+    return out
+
+
+def preempted(api: k8s.ApiClient, ns: str) -> dict[str, kube.Obj]:
+    """The namespace's Workloads that carry Kueue's Preempted=True condition, by name."""
+    return {w["metadata"]["name"]: w for w in kube.list_workloads(api, ns)
+            if kube.has_condition(w, "Preempted")}
+
+
+def since(wl: kube.Obj, cond: str) -> datetime:
+    c = kube.condition(wl, cond)
+    assert c is not None and c["status"] == "True", kube.describe_workload(wl)
+    return ts(c["lastTransitionTime"])
+
+
+def dump(api: k8s.ApiClient, namespaces: list[str]) -> str:
+    """Each Workload's state, effective priority and terms (for a failure's message)."""
+    lines = []
+    for ns in namespaces:
+        for w in kube.list_workloads(api, ns):
+            ann = w["metadata"].get("annotations") or {}
+            lines.append(f"{kube.describe_workload(w)} terms={ann.get(PRIORITY_TERMS_ANNOTATION)}")
+    return "\n".join(lines)
+
+
+def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
+    api: k8s.ApiClient, kubeconfig: Path,
+) -> None:
+    heavy, light = kube.create_namespace(api), kube.create_namespace(api)
+    cq = kube.unique_name("cq-reclaim")
+    kube.create_cluster_queue(
+        api, cq, {GPU: 8}, preemption={"withinClusterQueue": "LowerPriority"},
+        namespace_selector={"matchExpressions": [{"key": "kubernetes.io/metadata.name",
+                                                  "operator": "In", "values": [heavy, light]}]})
+    for ns in (heavy, light):
+        kube.create_local_queue(api, ns, "lq", cq)
+    wpc = kube.unique_name("wpc-reclaim")
+    kube.request(api, "POST", kube.kueue_path("workloadpriorityclasses"), {
+        "apiVersion": f"{kube.KUEUE_GROUP}/{kube.KUEUE_VERSION}",
+        "kind": "WorkloadPriorityClass", "metadata": {"name": wpc}, "value": 0})
+    wl_of: dict[str, str] = {}  # job name -> Workload name
+
+    def submit(ns: str, job: str) -> str:
+        h.create_job(api, ns, job, "lq", requests={GPU: "1"}, priority_class=wpc)
+        wl_of[job] = h.job_workload(api, ns, job)
+        return wl_of[job]
+
+    def admit(jobs: list[str]) -> list[datetime]:
+        for j in jobs:
+            submit(heavy, j)
+        return [since(kube.wait_for_workload_condition(api, heavy, wl_of[j], "QuotaReserved"),
+                      "QuotaReserved") for j in jobs]
+
+    try:
+        old = [f"old-{i}" for i in range(6)]
+        new = ["new-0", "new-1"]
+        old_starts = admit(old)
+        time.sleep(1.1)  # start times have 1 s resolution
+        new_starts = admit(new)
+        assert min(new_starts) > max(old_starts)
+        first_due = min(old_starts).timestamp() + MIN_RUNTIME
+
+        settings = h.live_settings(
+            RESOURCE_WEIGHTS="{nvidia.com/gpu: 1}", RECLAIM_ENABLED="true",
+            MIN_RUNTIME=f"{MIN_RUNTIME:g}s", RECLAIM_BUDGET_PER_HOUR=str(BUDGET),
+            LOOP_INTERVAL=f"{LOOP:g}")
+        c = h.new_controller(kubeconfig, settings)
+        with h.started(c, loop=True):
+            first = submit(light, "light-0")
+            # Waiting, and nothing preempted, until the old Jobs have run MIN_RUNTIME.
+            while time.time() < first_due - 1.5:
+                assert not preempted(api, heavy), "preempted before MIN_RUNTIME"
+                h.wait_pending(api, light, first)
+                time.sleep(0.5)
+
+            kube.wait_for(lambda: preempted(api, heavy), 30, "Kueue to preempt a heavy Job",
+                          lambda: dump(api, [heavy, light]))
+            kube.wait_for_workload_condition(api, light, first, "QuotaReserved", timeout=30)
+            time.sleep(3 * LOOP)  # a few more cycles: nothing else may be preempted
+            victims = preempted(api, heavy)
+            assert len(victims) == 1, sorted(victims)
+            (v1, w1), = victims.items()
+            assert v1 in {wl_of[j] for j in old}, f"{v1}: the new Jobs had not run MIN_RUNTIME"
+            start = dict(zip([wl_of[j] for j in old], old_starts, strict=True))[v1]
+            ran = since(w1, "Preempted").timestamp() - start.timestamp()
+            # within one cycle of MIN_RUNTIME (times in whole seconds; a cycle is LOOP)
+            assert MIN_RUNTIME - 1 <= ran <= MIN_RUNTIME + LOOP + 4, f"preempted after {ran:.0f}s"
+            print(f"\nfirst victim preempted {ran:.0f}s after it started "
+                  f"(MIN_RUNTIME {MIN_RUNTIME:g}s, LOOP_INTERVAL {LOOP:g}s)")
+
+            # The new Jobs reach MIN_RUNTIME; the light team asks for two more GPUs.
+            time.sleep(max(0.0, max(new_starts).timestamp() + MIN_RUNTIME + 1 - time.time()))
+            more = [submit(light, "light-1")]
+            time.sleep(1.1)  # distinct creation times: one order for the team and for Kueue
+            more.append(submit(light, "light-2"))
+            kube.wait_for(lambda: len(preempted(api, heavy)) >= 2, 30,
+                          "Kueue to preempt a second heavy Job", lambda: dump(api, [heavy, light]))
+            time.sleep(5 * LOOP)  # several cycles: the budget allows no third
+            victims = preempted(api, heavy)
+            assert len(victims) == BUDGET, sorted(victims)
+            v2, = (k for k in victims if k != v1)
+            assert v2 in {wl_of[j] for j in new}, f"{v2} is not among the most recently started"
+            admitted_more = [w for w in more if kube.has_condition(
+                kube.get_workload(api, light, w), "QuotaReserved")]
+            assert len(admitted_more) == 1, admitted_more
+            still = kube.get_workload(api, light, next(w for w in more if w not in admitted_more))
+            assert kube.is_pending(still), kube.describe_workload(still)
+            exposed_now = [w["metadata"]["name"] for w in kube.list_workloads(api, heavy)
+                           if "state=reclaimable" in (w["metadata"].get("annotations") or {})
+                           .get(PRIORITY_TERMS_ANNOTATION, "")]
+            assert not exposed_now, f"exposed beyond the budget: {exposed_now}"
+
+            # Kueue's own record: each victim preempted once, by a light Workload, by priority.
+            light_uids = {w["metadata"]["uid"]: w["metadata"]["name"]
+                          for w in kube.list_workloads(api, light)}
+            events = kueue_preemptions(api, heavy)
+            assert Counter(v for v, _, _ in events) == {v1: 1, v2: 1}, events
+            assert all(p in light_uids and r == "prioritization in the ClusterQueue"
+                       for _, p, r in events), (events, light_uids)
+            uids = {w["metadata"]["uid"]: f"{ns}/{w['metadata']['name']}"
+                    for ns in (heavy, light) for w in kube.list_workloads(api, ns)}
+            back = [(v, uids.get(p, p)) for v, p, _ in kueue_preemptions(api, light)]
+            assert not back, f"light Workloads preempted: {back}\n{dump(api, [heavy, light])}"
+            for v in (v1, v2):
+                wl = kube.get_workload(api, heavy, v)
+                assert kube.has_condition(wl, "Evicted") and kube.is_pending(wl), (
+                    kube.describe_workload(wl))
+                terms = (wl["metadata"].get("annotations") or {}).get(
+                    PRIORITY_TERMS_ANNOTATION, "")
+                assert f"reclaimed-for={light}" in terms, terms
+                said = [e["message"] for e in h.events_for(api, heavy, v)]
+                assert any("reclaimable" in m and light in m for m in said), said
+    finally:
+        h.cleanup(api, [heavy, light], [cq])
+        kube.request(api, "DELETE", kube.kueue_path("workloadpriorityclasses", wpc))
