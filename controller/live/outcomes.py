@@ -54,7 +54,8 @@ def outcome_events(events: EventRecorder, outcome: Outcome, workload: Workload |
     if outcome.result == APPLIED and c.what == PRIORITY:
         if not change_is_eventful(c.old_terms, d.terms):
             return
-        text = f"{c.summary}: {why(d)} (rank {d.rank} in ClusterQueue {d.cluster_queue})"
+        where = "admitted" if d.admitted else f"position {d.rank + 1}"  # positions from 1
+        text = f"{c.summary}: {why(d)} ({where} in ClusterQueue {d.cluster_queue})"
         for ref in targets:
             events.emit(ref, "PriorityChanged", text)
     elif outcome.result == APPLIED:

@@ -278,3 +278,21 @@ def test_a_snapshot_without_kueue_objects_is_refused(
     assert r.exit_code == 2
     assert f"no Kueue objects (Workloads, ClusterQueues, LocalQueues) in {f}: found {found}" in (
         r.output)
+
+
+def test_the_no_kubeconfig_hint_names_flags_every_cluster_command_has(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import re
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in ("KUBECONFIG", "KUBECONFIG_PATH", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    r = runner.invoke(main, ["why", "team-a/x"])
+    assert r.exit_code == 1 and "no kubeconfig" in r.output, r.output
+    flags = set(re.findall(r"(--[a-z][a-z-]+)", r.output.split("no kubeconfig", 1)[1]))
+    assert "--kubeconfig" in flags
+    for args in ([], ["why"], ["reset"], ["explain"]):
+        text = runner.invoke(main, [*args, "--help"]).output + runner.invoke(
+            main, ["--help"]).output  # explain reads the main command's flags too
+        assert all(f in text for f in flags), (args, flags)

@@ -216,6 +216,8 @@ def test_priority_change_event_on_workload_and_owner_job() -> None:
     events = api.request("GET", EVENTS.collection("team-a"))["items"]
     kinds = sorted(e["involvedObject"]["kind"] for e in events if e["reason"] == "PriorityChanged")
     assert kinds == ["Job", "Workload"]
+    messages = {e["message"] for e in events if e["reason"] == "PriorityChanged"}
+    assert all(m.endswith("(position 1 in ClusterQueue cq)") for m in messages), messages
 
 
 def test_first_start_gives_events_only_for_what_people_asked_for() -> None:
