@@ -358,3 +358,14 @@ def test_team_scope_bound_and_guards() -> None:
     assert make_settings(approved_scope=ApprovedScope.TEAM, approved_preempts_normal=True,
                          priority_class_unit=14000).warnings()[-1].startswith(
         "APPROVED_PREEMPTS_NORMAL is ignored")
+
+
+def test_with_global_approval_waiting_approved_work_holds_a_normal_reclaim_back() -> None:
+    """The documented limit: approved work must not preempt normal work in global scope, and
+    its band is above every normal value, so no normal reclaimer can outrank the victim."""
+    items = [*_hog(), waiting("b0", "team-b"),
+             waiting("c-ok", "team-c", wait=0, cls=PriorityClass.APPROVED)]  # b0 waited longer
+    teams = ("team-a", "team-b", "team-c")
+    assert not exposed(plan_of(items, RECLAIM, teams=teams)[1])
+    both = make_settings(reclaim_enabled=True, approved_scope=ApprovedScope.TEAM)
+    assert exposed(plan_of(items, both, teams=teams)[1])
