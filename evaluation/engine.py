@@ -5,17 +5,24 @@ result of one run. The Kueue model that uses them is `evaluation.kueue.KueueSim`
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from evaluation.packing import BINPACK, SPREAD
 from evaluation.trace import PCT, SimJob
 
-if TYPE_CHECKING:
-    from evaluation.kueue import Eviction
-
 Key = tuple[float, ...]
+
+
+@dataclass(slots=True)
+class Eviction:
+    time: float
+    job_id: int
+    reason: str  # Preempted | PodsReadyTimeout
+    lost: float  # GPU-percent-seconds of work lost (need x seconds since the last checkpoint)
+    by: int = -1  # preemptor job id
+    admitted_at: float = math.nan  # when the evicted job's quota was reserved
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,10 +30,11 @@ from evaluation.kueue import (
     SINGLE_CQ,
     KueueConfig,
     KueueSim,
+    Policy,
 )
 from evaluation.metrics import run_metrics
 from evaluation.packing import BINPACK, SPREAD
-from evaluation.policies import AfsModel, DrfClasses, DrfIdeal, Fifo, Policy, StaticClasses
+from evaluation.policies import AfsModel, DrfClasses, DrfIdeal, Fifo, StaticClasses
 from evaluation.wdrf import WdrfKueue
 
 # The headline configuration: every policy with equal weights, and the per-team ClusterQueue

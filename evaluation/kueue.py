@@ -71,14 +71,10 @@ import heapq
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from evaluation.engine import Series, SimConfig, SimResult, SortedQueue
+from evaluation.engine import Eviction, Key, Series, SimConfig, SimResult, SortedQueue
 from evaluation.packing import Cluster, Placement
 from evaluation.trace import SimJob
-
-if TYPE_CHECKING:
-    from evaluation.policies import Policy
 
 NEVER = "Never"
 LOWER_PRIORITY = "LowerPriority"
@@ -155,16 +151,6 @@ class KueueConfig:
 
 
 @dataclass(slots=True)
-class Eviction:
-    time: float
-    job_id: int
-    reason: str  # Preempted | PodsReadyTimeout
-    lost: float  # GPU-percent-seconds of work lost (need x seconds since the last checkpoint)
-    by: int = -1  # preemptor job id
-    admitted_at: float = math.nan  # when the evicted job's quota was reserved
-
-
-@dataclass(slots=True)
 class CQ:
     name: str
     nominal: int  # GPU percent
@@ -173,6 +159,75 @@ class CQ:
     queue: SortedQueue = field(default_factory=SortedQueue)  # merged order (no LocalQueue key)
     lqs: dict[str, SortedQueue] = field(default_factory=dict)  # per team, with a LocalQueue key
     admitted: dict[int, float] = field(default_factory=dict)  # job id -> admission time
+
+
+class Policy:
+    """What the engine asks a policy. Subclasses override what they need."""
+
+    name = "base"
+    description = ""
+    controller = False  # runs a controller loop every LOOP_INTERVAL
+    per_team = False  # per-team queues picked by `team_key` (lowest first)
+    class_first = False  # per-team queues picked by priority first, then `team_key`
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.write_times: list[float] = []
+        self.job_writes: list[int] = []
+        self._sim: KueueSim | None = None
+
+    @property
+    def sim(self) -> KueueSim:
+        if self._sim is None:
+            raise RuntimeError("policy used before reset()")
+        return self._sim
+
+    def reset(self, sim: KueueSim) -> None:
+        self._sim = sim
+        self.writes = 0
+        self.write_times = []
+        self.job_writes = [0] * len(sim.jobs)
+
+    def priority(self, job: SimJob) -> int:
+        """The job's effective Kueue priority now (pending or admitted)."""
+        return 0
+
+    def job_key(self, job: SimJob) -> Key:
+        return (job.submit, job.job_id)
+
+    def team_key(self, team: str) -> float:
+        return 0.0
+
+    def packing(self, job: SimJob) -> tuple[str, str]:
+        cfg = self.sim.cfg
+        return cfg.node_policy, cfg.gpu_policy
+
+    def advance(self, now: float) -> None:
+        """Time moves to `now` (before anything changes at `now`)."""
+
+    def on_arrival(self, job: SimJob, now: float) -> None:
+        pass
+
+    def on_admit(self, job: SimJob, now: float) -> None:
+        pass
+
+    def on_release(self, job: SimJob, now: float) -> None:
+        pass
+
+    def on_evict(self, job: SimJob, now: float, reason: str) -> None:
+        """An admitted job was evicted (Kueue model): it is pending again."""
+
+    def tick(self, now: float) -> bool:
+        """One controller cycle; True when any pending job's order key changed."""
+        return False
+
+    def next_change(self, now: float) -> float:
+        """Earliest time after `now` at which a cycle could decide differently with nothing
+        else changing (math.inf: never)."""
+        return math.inf
+
+    def extra(self) -> Mapping[str, float]:
+        return {}
 
 
 class KueueSim:

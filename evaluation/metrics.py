@@ -21,8 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.domain import PriorityClass
-from evaluation.engine import SimResult
-from evaluation.kueue import Eviction
+from evaluation.engine import Eviction, SimResult
 from evaluation.trace import HOUR, PCT, Period, SimJob
 
 
@@ -499,7 +498,6 @@ def themis_max(result: SimResult, jobs: Sequence[object], weights: Sequence[floa
     """Themis finish-time fairness, worst team: the mean over a team's jobs of
     rho = JCT / T_isolated, where T_isolated is the job's run time on the team's weighted
     share of the cluster alone (time-sliced when the job needs more than that share)."""
-    from evaluation.trace import SimJob
 
     cap = result.config.capacity
     idx = {t: i for i, t in enumerate(result.teams)}

@@ -20,19 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, TypeAlias
 
 from controller.config import SETTING_FIELDS, Settings
 from controller.domain import (
     PriorityClass,
 )
+from evaluation.engine import Key
+from evaluation.kueue import KueueSim, Policy
 from evaluation.trace import PCT, SimJob
-
-if TYPE_CHECKING:
-    from evaluation.engine import Key
-    from evaluation.kueue import KueueSim
-
-    AnySim: TypeAlias = KueueSim
 
 STATIC_PRIORITY = {PriorityClass.URGENT: 1000, PriorityClass.APPROVED: 100, PriorityClass.NORMAL: 1}
 
@@ -51,75 +46,6 @@ def describe_settings(settings: Settings) -> str:
 
 def describe_value(v: object) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
-
-
-class Policy:
-    """What the engine asks a policy. Subclasses override what they need."""
-
-    name = "base"
-    description = ""
-    controller = False  # runs a controller loop every LOOP_INTERVAL
-    per_team = False  # per-team queues picked by `team_key` (lowest first)
-    class_first = False  # per-team queues picked by priority first, then `team_key`
-
-    def __init__(self) -> None:
-        self.writes = 0
-        self.write_times: list[float] = []
-        self.job_writes: list[int] = []
-        self._sim: AnySim | None = None
-
-    @property
-    def sim(self) -> AnySim:
-        if self._sim is None:
-            raise RuntimeError("policy used before reset()")
-        return self._sim
-
-    def reset(self, sim: AnySim) -> None:
-        self._sim = sim
-        self.writes = 0
-        self.write_times = []
-        self.job_writes = [0] * len(sim.jobs)
-
-    def priority(self, job: SimJob) -> int:
-        """The job's effective Kueue priority now (pending or admitted)."""
-        return 0
-
-    def job_key(self, job: SimJob) -> Key:
-        return (job.submit, job.job_id)
-
-    def team_key(self, team: str) -> float:
-        return 0.0
-
-    def packing(self, job: SimJob) -> tuple[str, str]:
-        cfg = self.sim.cfg
-        return cfg.node_policy, cfg.gpu_policy
-
-    def advance(self, now: float) -> None:
-        """Time moves to `now` (before anything changes at `now`)."""
-
-    def on_arrival(self, job: SimJob, now: float) -> None:
-        pass
-
-    def on_admit(self, job: SimJob, now: float) -> None:
-        pass
-
-    def on_release(self, job: SimJob, now: float) -> None:
-        pass
-
-    def on_evict(self, job: SimJob, now: float, reason: str) -> None:
-        """An admitted job was evicted (Kueue model): it is pending again."""
-
-    def tick(self, now: float) -> bool:
-        """One controller cycle; True when any pending job's order key changed."""
-        return False
-
-    def next_change(self, now: float) -> float:
-        """Earliest time after `now` at which a cycle could decide differently with nothing
-        else changing (math.inf: never)."""
-        return math.inf
-
-    def extra(self) -> Mapping[str, float]:
-        return {}
 
 
 class Fifo(Policy):
@@ -163,7 +89,7 @@ class AfsModel(Policy):
         self.last_sample = 0.0
         self.alpha = 1.0 - math.pow(0.5, sampling / half_life)
 
-    def reset(self, sim: AnySim) -> None:
+    def reset(self, sim: KueueSim) -> None:
         super().reset(sim)
         self.consumed = {t: 0.0 for t in sim.teams}
         self.last_sample = 0.0

@@ -26,7 +26,6 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from controller.config import Settings
 from controller.domain import (
@@ -51,11 +50,9 @@ from controller.domain import (
     frozen_resources,
 )
 from controller.policy import compute_plan
-from evaluation.policies import Policy, describe_settings
+from evaluation.kueue import DONE, PENDING, PREEMPTED, KueueSim, Policy
+from evaluation.policies import describe_settings
 from evaluation.trace import PCT, SimJob
-
-if TYPE_CHECKING:
-    from evaluation.policies import AnySim
 
 COHORT_NAME = "all-teams"
 FLAVOR = "default-flavor"
@@ -104,8 +101,7 @@ class WdrfKueue(Policy):
         # hourly budget, the plan may decide differently with nothing else changing.
         self.clock_events: list[float] = []
 
-    def reset(self, sim: AnySim) -> None:
-        from evaluation.kueue import KueueSim
+    def reset(self, sim: KueueSim) -> None:
 
         super().reset(sim)
         self._init_state()
@@ -170,7 +166,6 @@ class WdrfKueue(Policy):
         self.dirty = True
 
     def on_admit(self, job: SimJob, now: float) -> None:
-        from evaluation.kueue import KueueSim
 
         sim = self.sim
         assert isinstance(sim, KueueSim)
@@ -189,7 +184,6 @@ class WdrfKueue(Policy):
         self.dirty = True
 
     def on_release(self, job: SimJob, now: float) -> None:
-        from evaluation.kueue import DONE
 
         self.dirty = True
         if self.sim.state[job.job_id] == DONE:
@@ -200,7 +194,6 @@ class WdrfKueue(Policy):
             self.applied.pop(jid, None)
 
     def on_evict(self, job: SimJob, now: float, reason: str) -> None:
-        from evaluation.kueue import PREEMPTED
 
         w = self.wl[job.job_id]
         at = self.epoch + timedelta(seconds=now)
@@ -241,7 +234,6 @@ class WdrfKueue(Policy):
         return w
 
     def tick(self, now: float) -> bool:
-        from evaluation.kueue import PENDING, KueueSim
 
         sim = self.sim
         assert isinstance(sim, KueueSim)

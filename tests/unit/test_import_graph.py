@@ -1,6 +1,7 @@
-"""The shipped package's import graph has no cycles.
+"""The import graphs of the shipped package (`controller`) and of the evaluation (`evaluation`)
+have no cycles.
 
-Every module-level import between `controller` modules is an edge (those under `if
+Every module-level import between modules of those packages is an edge (those under `if
 TYPE_CHECKING:` too: a cycle through type hints is still a cycle a reader has to untangle);
 imports inside functions are not (they run later, and are kept for optional dependencies such
 as the kubernetes client). A cycle fails the test with its modules listed.
@@ -16,12 +17,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE = "controller"
+PACKAGES = ("controller", "evaluation")
 
 
-def modules(package: str = PACKAGE) -> dict[str, Path]:
+def modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     out: dict[str, Path] = {}
-    for f in sorted((ROOT / package).rglob("*.py")):
+    for f in sorted(p for package in packages for p in (ROOT / package).rglob("*.py")):
         parts = f.relative_to(ROOT).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -97,10 +98,17 @@ def test_the_graph_sees_the_package() -> None:
     assert len(g) > 40
     assert "controller.workload" in g["controller.live.diff"]  # `from controller.workload import`
     assert "controller.domain" in g["controller.workload"]
+    assert "evaluation.kueue" in g["evaluation.policies"]
 
 
-def test_controller_has_no_import_cycles() -> None:
+def test_no_import_cycles() -> None:
     assert cycles(graph(modules())) == []
+
+
+def test_the_shipped_package_imports_nothing_of_the_evaluation() -> None:
+    g = graph(modules())
+    assert not [(m, d) for m, deps in g.items() if m.startswith("controller")
+                for d in deps if d.startswith("evaluation")]
 
 
 def test_every_module_imports() -> None:
