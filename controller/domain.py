@@ -136,6 +136,21 @@ class ObjectRef:
         where = f"{self.namespace}/{self.name}" if self.namespace else self.name
         return f"{self.kind} {where}"
 
+    @property
+    def is_batch_job(self) -> bool:
+        """A batch/v1 Job, exactly as Kueue matches a Workload's owner (a `batch/v2` or
+        `example.com/v1` "Job" is someone else's kind)."""
+        return is_batch_job(self.api_version, self.kind)
+
+
+def is_batch_job(api_version: object, kind: object) -> bool:
+    return api_version == "batch/v1" and kind == "Job"
+
+
+def api_group(api_version: str) -> str:
+    """The group of an apiVersion ("jobset.x-k8s.io/v1alpha2" -> "jobset.x-k8s.io")."""
+    return api_version.rpartition("/")[0]
+
 
 @dataclass(frozen=True, slots=True)
 class InputProblem:

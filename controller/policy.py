@@ -64,6 +64,7 @@ from controller.domain import (
     PriorityClass,
     TeamSource,
     Workload,
+    api_group,
 )
 from controller.encoding import (
     aging_term,
@@ -176,7 +177,7 @@ def gather(snapshot: ClusterSnapshot) -> Gathered:
 
 def owner_job(w: Workload, jobs: Mapping[tuple[str, str], JobInfo]) -> JobInfo | None:
     o = w.owner
-    if o is None or o.kind != "Job":
+    if o is None or not o.is_batch_job:
         return None
     j = jobs.get((w.namespace, o.name))
     if j is None or (o.uid and j.uid and o.uid != j.uid):
@@ -188,11 +189,12 @@ def owner_of(w: Workload, g: Gathered) -> JobInfo | OwnerInfo | None:
     """The object users annotate: the owner Job, or an owner of another integrated kind
     (the same UID as the ownerReference, so a recreated owner is not mistaken)."""
     job = owner_job(w, g.jobs)
-    if job is not None or w.owner is None or w.owner.kind == "Job":
+    if job is not None or w.owner is None or w.owner.is_batch_job:
         return job
     o = g.owners.get((w.namespace, w.owner.kind, w.owner.name))
-    if o is None or (w.owner.uid and o.uid and w.owner.uid != o.uid):
-        return None
+    if o is None or (w.owner.uid and o.uid and w.owner.uid != o.uid) or (
+            api_group(w.owner.api_version) != api_group(o.api_version)):
+        return None  # another kind of the same name (only group and kind are trusted)
     return o
 
 
@@ -426,9 +428,9 @@ def score_pending(
         hami, p = decide_hami(w, job if isinstance(job, JobInfo) else None, c.priority_class,
                               m.cluster_queue, settings, acc.card_mib, hami_cache)
         hami = check_fraction(hami, g.queues.get(m.cluster_queue or ""), snapshot.quota_check)
-        if p:
-            problems += p
-            blocking = True
+        # A bad scheduling hint is reported and ignored (no HAMi write); it never freezes the
+        # priority: the class still follows the annotations (a withdrawn approval lowers it).
+        problems += p
         s = Scored(m, c, tuple(problems), hami, queued_since(w, mode), kueue_priority(w, c),
                    c.current_boost or 0, None, "")
         out.append(s)

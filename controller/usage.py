@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
 
+# Seconds a stored timestamp may be ahead of this replica's clock (another replica wrote it;
+# clocks of a cluster's nodes agree to well under this).
+MAX_CLOCK_SKEW = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class UsageHistory:
@@ -44,7 +48,9 @@ class UsageHistory:
                     vec[r] = v
             if vec:
                 out[team] = vec
-        return UsageHistory(_freeze(out), max(now, self.timestamp))
+        # Never ahead of `now`: a history stamped in the future (a clock that jumped ahead and
+        # back) would otherwise freeze the decay until the clock caught up.
+        return UsageHistory(_freeze(out), now)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -57,8 +63,10 @@ class UsageHistory:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> UsageHistory:
-        """Parse what `to_json` wrote; ValueError on anything else."""
+    def from_json(cls, text: str, now: datetime | None = None,
+                  skew: float = MAX_CLOCK_SKEW) -> UsageHistory:
+        """Parse what `to_json` wrote; ValueError on anything else: a timestamp without a
+        time zone, or (with `now`) one more than `skew` seconds in the future."""
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -66,7 +74,19 @@ class UsageHistory:
         if not isinstance(doc, dict) or doc.get("version") != 1:
             raise ValueError("usage history: expected an object with version 1")
         ts_raw = doc.get("timestamp")
-        ts = datetime.fromisoformat(ts_raw) if isinstance(ts_raw, str) else None
+        if ts_raw is not None and not isinstance(ts_raw, str):
+            raise ValueError("usage history: timestamp must be a string or null")
+        ts = None
+        if ts_raw is not None:
+            try:
+                ts = datetime.fromisoformat(ts_raw)
+            except ValueError as exc:
+                raise ValueError(f"usage history: timestamp {ts_raw!r}: {exc}") from exc
+            if ts.tzinfo is None or ts.utcoffset() is None:
+                raise ValueError(f"usage history: timestamp {ts_raw!r} has no time zone")
+            if now is not None and (ts - now).total_seconds() > skew:
+                raise ValueError(f"usage history: timestamp {ts_raw!r} is in the future "
+                                 f"(now {now.isoformat()})")
         usage_raw = doc.get("usage", {})
         if not isinstance(usage_raw, dict):
             raise ValueError("usage history: usage must be an object")
@@ -78,6 +98,8 @@ class UsageHistory:
             for r, v in vec.items():
                 if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
                     raise ValueError(f"usage history: usage[{team!r}][{r!r}] is not a number")
+                if v < 0:
+                    raise ValueError(f"usage history: usage[{team!r}][{r!r}] is negative")
                 usage[str(team)][str(r)] = float(v)
         return cls(_freeze(usage), ts)
 

@@ -25,6 +25,7 @@ from controller.domain import (
     PRIORITY_TERMS_ANNOTATION,
     PriorityMode,
     Workload,
+    is_batch_job,
 )
 
 JSON = dict[str, Any]
@@ -119,14 +120,14 @@ def job_key(namespace: str, name: str) -> str:
 def owner_job_key(obj: Mapping[str, Any]) -> str | None:
     """The informer key of the batch/v1 Job that controls this Workload, if one does."""
     ref = controller_owner(obj)
-    if ref is None or ref.get("kind") != "Job":
+    if ref is None or not is_batch_job(ref.get("apiVersion"), ref.get("kind")):
         return None
     return job_key(str(meta(obj).get("namespace") or ""), str(ref.get("name")))
 
 
 def owner_job_key_of(workload: Workload) -> str | None:
     """`owner_job_key` for a parsed Workload."""
-    if workload.owner is not None and workload.owner.kind == "Job":
+    if workload.owner is not None and workload.owner.is_batch_job:
         return job_key(workload.namespace, workload.owner.name)
     return None
 

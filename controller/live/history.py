@@ -2,6 +2,10 @@
 
 Only the leader saves, at most every `save_every` seconds (and once on shutdown), and only
 when the content changed: with USAGE_HALF_LIFE = 0 nothing is ever written.
+
+A stored history that does not parse strictly (not JSON, a timestamp without a time zone or in
+the future, a negative or non-numeric usage) is dropped: the controller starts from current
+usage, `invalid` says why (the runner reports it as an Event), and the next save replaces it.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from controller.accounting import UsageHistory
 from controller.live.api import CONFIG_MAPS, JSON, ApiError, Transport
@@ -34,12 +39,14 @@ class HistoryStore:
         self._clock = clock
         self._last_save: float | None = None
         self._last_text: str | None = None
+        self.invalid = ""  # why the stored history was dropped at the last load ("" = it was not)
 
     def _path(self) -> str:
         return CONFIG_MAPS.item(self.name, self.namespace)
 
-    def load(self) -> UsageHistory | None:
+    def load(self, now: datetime | None = None) -> UsageHistory | None:
         """The stored history; None when there is none or it cannot be read (logged)."""
+        self.invalid = ""
         try:
             cm: JSON = self._transport.request("GET", self._path())
         except ApiError as e:
@@ -50,9 +57,11 @@ class HistoryStore:
         if not isinstance(text, str):
             return None
         try:
-            history = UsageHistory.from_json(text)
+            history = UsageHistory.from_json(text, now or datetime.now(UTC))
         except ValueError as e:
-            log.warning("ignoring invalid usage history in %s/%s: %s", self.namespace, self.name, e)
+            log.warning("ignoring invalid usage history in %s/%s (starting from current "
+                        "usage): %s", self.namespace, self.name, e)
+            self.invalid = str(e)
             return None
         self._last_text = text
         return history

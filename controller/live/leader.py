@@ -15,7 +15,9 @@ construction against two writers.
 * Lease requests time out after `request_timeout` < `lease_duration - renew_deadline`, so a
   slow apiserver cannot keep a renewal pending across the hand-over window.
 * Losing the Lease (renew deadline passed, or someone else holds it) is reported once through
-  `on_change(False)`; the controller then exits and lets the Deployment restart it.
+  `on_change(False)`; the controller then exits and lets the Deployment restart it. A lost
+  leadership is final for this elector: it never takes the Lease again (its writes in flight
+  may still land, so only a fresh process, which starts as a follower, may lead again).
 * `release()` (graceful shutdown, after the last write and the history save) empties the
   holder so another replica takes over at its next retry instead of waiting for expiry.
 * Every update is a PUT carrying the resourceVersion read: a concurrent update gets 409.
@@ -98,6 +100,7 @@ class LeaderElector:
         self._observed_at = 0.0
         self._leading = False
         self._released = False
+        self._lost = False  # leadership lost: never acquire again
         self._release_lock = threading.Lock()
         self.observed_annotations: dict[str, str] = {}
         self.acquired_at: float | None = None  # monotonic time we last became leader
@@ -125,6 +128,7 @@ class LeaderElector:
             self._leading = leading
             if not leading:
                 self._last_renew = None
+                self._lost = self._lost or changed
             elif changed:
                 self.acquired_at = self._clock()
         self._metrics.is_leader.set(1 if leading else 0)
@@ -143,7 +147,7 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One round: read the Lease, take or renew it if allowed. True if we hold it now."""
-        if self._released:
+        if self._released or self._lost:
             return False
         stamp = self._clock()  # before anything is sent: see the module docstring
         path = LEASES.item(self.name, self.namespace)
@@ -215,7 +219,7 @@ class LeaderElector:
 
     def _renewed(self, stamp: float) -> None:
         with self._lock:
-            if self._released:
+            if self._released or self._lost:
                 return
             self._last_renew = stamp
         self._set_leading(True)

@@ -163,11 +163,16 @@ def _run_once(controller: LiveController, output: str, deadline: float) -> int:
 def _dry_run_loop(controller: LiveController, output: str) -> None:
     last = ""
     while not controller.stop_event.is_set():
-        report = controller.run_cycle()
-        text = print_plan(report, output, controller.settings)
-        if text != last:
-            print(text, flush=True)
-            last = text
+        try:
+            report = controller.run_cycle()
+            text = print_plan(report, output, controller.settings)
+        except Exception as e:  # one line, as --once says it; the next cycle tries again
+            log.error("dry run: cycle failed: %s: %s", type(e).__name__, e)
+            controller.metrics.cycles.labels("error").inc()
+        else:
+            if text != last:
+                print(text, flush=True)
+                last = text
         controller.stop_event.wait(controller.settings.loop_interval)
 
 

@@ -32,7 +32,7 @@ def workload_and_owner(wl: Workload | None) -> list[ObjectRef]:
     if wl is None:
         return []
     refs = [wl.ref]
-    if wl.owner is not None and wl.owner.kind == "Job":
+    if wl.owner is not None and wl.owner.is_batch_job:
         refs.append(ObjectRef("Job", wl.owner.name, wl.namespace, wl.owner.uid, "batch/v1"))
     return refs
 

@@ -31,7 +31,7 @@ from datetime import UTC, datetime
 
 from controller.accounting import UsageHistory
 from controller.config import CapacitySourceSetting, Settings
-from controller.domain import KueueApiVersion, QuotaCheck
+from controller.domain import KueueApiVersion, ObjectRef, QuotaCheck
 from controller.live.api import (
     CLUSTER_QUEUES,
     JOBS,
@@ -403,6 +403,20 @@ class LiveController:
         report.applied = self.cycle_writer.write(plan, diff, built.workloads)
         if self.history is not None and not self.dry_run:
             self.history_store.save(self.history)
+        self._report_invalid_history()
+
+    def _report_invalid_history(self) -> None:
+        """An Event on the history ConfigMap when its content was dropped (sent once, by the
+        leader; the ConfigMap is rewritten by the next save)."""
+        why = self.history_store.invalid
+        if not why:
+            return
+        store = self.history_store
+        ref = ObjectRef("ConfigMap", store.name, store.namespace, "", "v1")
+        if self.events.emit(ref, "UsageHistoryReset",
+                            f"stored usage history ignored, starting from current usage: {why}",
+                            "Warning"):
+            store.invalid = ""
 
     def diff(self, plan: Plan, built: Built) -> Diff:
         assert self.mode is not None

@@ -43,7 +43,7 @@ def test_fraction_invalid(value: str) -> None:
 @pytest.mark.parametrize("value", ["2", "abc", "0.333"])
 def test_bad_fraction_is_a_problem_and_nothing_is_written(value: str) -> None:
     d = decide(wl("p", annotations={GPU_FRACTION_ANNOTATION: value}))
-    assert d.leave_unchanged and d.hami is None
+    assert not d.leave_unchanged and d.hami is None  # hint ignored, class still followed
     assert d.problems[0].field == f"metadata.annotations[{GPU_FRACTION_ANNOTATION}]"
 
 
@@ -58,7 +58,7 @@ def test_fraction_sets_cores_and_memory() -> None:
 def test_fraction_on_cpu_only_workload_is_a_problem() -> None:
     d = decide(wl("p", gpu=None, resources={"cpu": "1"},
                   annotations={GPU_FRACTION_ANNOTATION: "0.5"}))
-    assert d.leave_unchanged and "requests no" in d.problems[0].message
+    assert not d.leave_unchanged and "requests no" in d.problems[0].message
 
 
 def test_fraction_from_owner_job() -> None:
@@ -82,7 +82,7 @@ def test_own_valid_hami_annotations_are_kept() -> None:
 )
 def test_invalid_own_hami_annotation_is_a_problem(key: str, value: str) -> None:
     d = decide(wl("p", annotations={key: value}))
-    assert d.leave_unchanged and d.hami is None
+    assert not d.leave_unchanged and d.hami is None  # hint ignored, class still followed
     assert d.problems[0].field == f"metadata.annotations[{key}]" and "HAMi" in d.problems[0].message
 
 

@@ -228,3 +228,38 @@ def test_the_leader_records_annotations_on_the_lease_for_the_others() -> None:
     a.try_acquire_or_renew()
     assert not b.try_acquire_or_renew()
     assert b.observed_annotations == {"wdrf.x-k8s.io/priority-mode": "boost"}
+
+
+def test_a_lost_leadership_is_never_reacquired_by_the_same_elector() -> None:
+    """After an outage that cost the Lease (renew deadline passed), the apiserver answers
+    again with our own identity still on the Lease: the elector does not take it back (its
+    writes sent before the loss may still land), and its release writes nothing."""
+    api, clock = FakeApi(), Clock()
+    changes: list[bool] = []
+    a = LeaderElector(api, "kueue-system", "wdrf", "a", Metrics(), 15, 10, 2, clock=clock,
+                      on_change=changes.append)
+    assert a.try_acquire_or_renew()
+    api.fail("GET", "leases", 500, times=3)
+    clock.t += 11
+    rounds = iter(range(5))
+    done = threading.Event()
+
+    class FewRounds(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            clock.t += 2
+            if next(rounds, None) is None:
+                done.set()
+            return done.is_set()
+
+        def is_set(self) -> bool:
+            return done.is_set()
+
+    a.run(FewRounds())  # the apiserver is back after 3 rounds; 2 more rounds follow
+    assert changes == [True, False]
+    assert not a.try_acquire_or_renew() and not a.is_leader()
+    lease = api.get_object(LEASES.item("wdrf", "kueue-system"))
+    assert lease is not None and lease["spec"]["holderIdentity"] == "a"  # as it was left
+    version = lease["metadata"].get("resourceVersion")
+    assert not a.release()
+    lease = api.get_object(LEASES.item("wdrf", "kueue-system"))
+    assert lease is not None and lease["metadata"].get("resourceVersion") == version

@@ -768,3 +768,55 @@ def test_a_cycle_longer_than_the_interval_still_leaves_a_pause() -> None:
     c.loop()
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(spans)]
     assert len(gaps) == 2 and all(g >= MIN_TRIGGER_GAP * 0.9 for g in gaps), gaps
+
+
+def test_a_bad_usage_history_is_reset_with_an_event_and_the_cycle_still_writes() -> None:
+    """A timestamp without a time zone in the stored history (anyone who can edit the
+    ConfigMap): the cycle plans and writes from current usage, says so on the ConfigMap, and
+    the next save replaces the bad content."""
+    api = FakeApi()
+    cluster(api)
+    admitted_workload(api, "team-a", "running", cpu="2")
+    workload(api, "team-a", "waiting")
+    s = settings(USAGE_HALF_LIFE="1h")
+    path = CONFIG_MAPS.item(s.history_config_map, s.controller_namespace)
+    api.put_object(path, {"metadata": {"name": s.history_config_map,
+                                       "namespace": s.controller_namespace},
+                          "data": {"history.json": '{"version": 1, "timestamp": '
+                                   '"2026-01-01T00:00:00", "usage": {}}'}})
+    c = controller(api, s)
+    report = c.run_cycle(NOW)
+    assert report.applied is not None and report.applied.counts().get("applied", 0) >= 1
+    events = api.request("GET", EVENTS.collection(s.controller_namespace))["items"]
+    [reset] = [e for e in events if e["reason"] == "UsageHistoryReset"]
+    assert "no time zone" in reset["message"]
+    assert reset["involvedObject"]["name"] == s.history_config_map
+    c.shutdown()
+    saved = api.get_object(path)
+    assert saved is not None and "+00:00" in saved["data"]["history.json"]
+
+
+def test_a_failing_dry_run_cycle_is_one_line_not_a_traceback(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from controller.live.main import _dry_run_loop
+
+    api = FakeApi()
+    cluster(api)
+    c = controller(api, settings(LOOP_INTERVAL="1"), dry_run=True)
+    calls = []
+
+    def broken(now: datetime | None = None) -> Any:
+        calls.append(now)
+        if len(calls) == 2:
+            c.stop_event.set()
+        raise TypeError("can't subtract offset-naive and offset-aware datetimes")
+
+    c.run_cycle = broken  # type: ignore[method-assign]
+    with caplog.at_level(logging.ERROR):
+        _dry_run_loop(c, "table")
+    assert len(calls) == 2  # the loop went on
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors and all(r.exc_info is None for r in errors)
+    assert "TypeError: can't subtract" in errors[0].getMessage()
+    assert "Traceback" not in capsys.readouterr().err

@@ -6,7 +6,7 @@ import json
 import logging
 import urllib.error
 import urllib.request
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -78,7 +78,8 @@ def test_gate_read_from_deployment_when_configmap_is_silent() -> None:
 def _wl(ann: dict[str, str] | None = None, owner: str | None = None) -> dict[str, object]:
     meta: dict[str, object] = {"name": "w", "namespace": "ns", "annotations": ann or {}}
     if owner:
-        meta["ownerReferences"] = [{"kind": "Job", "name": owner, "controller": True}]
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": owner,
+                                    "controller": True}]
     return {"metadata": meta}
 
 
@@ -196,3 +197,35 @@ def test_probes_starting_until_the_first_cycle_then_stale_cache_is_not_ready() -
     probes.set_stale(())
     t["now"] += 61
     assert not probes.alive()[0]
+
+
+@pytest.mark.parametrize("timestamp,why", [
+    ("2026-01-01T00:00:00", "no time zone"),  # naive: every cycle failed with a TypeError
+    ("2099-01-01T00:00:00+00:00", "in the future"),  # froze a team's decayed usage
+    ("not a time", "timestamp"),
+    (5, "must be a string"),
+])
+def test_history_with_a_bad_timestamp_is_dropped_with_a_reason(timestamp: object,
+                                                                 why: str) -> None:
+    api = FakeApi()
+    text = json.dumps({"version": 1, "timestamp": timestamp, "usage": {"p|a": {"cpu": 1.0}}})
+    api.put_object(CONFIG_MAPS.item("hist", "kueue-system"), {
+        "metadata": {"name": "hist"}, "data": {"history.json": text}})
+    store = HistoryStore(api, "kueue-system", "hist")
+    assert store.load(datetime(2026, 6, 1, tzinfo=UTC)) is None
+    assert why in store.invalid
+    # The next save replaces it with a valid one.
+    h = UsageHistory().advance({"p|a": {"cpu": 2.0}}, datetime(2026, 6, 1, tzinfo=UTC), 3600)
+    assert store.save(h)
+    assert store.load(datetime(2026, 6, 1, tzinfo=UTC)) == h and store.invalid == ""
+
+
+def test_history_advance_never_stays_ahead_of_now() -> None:
+    """After the clock jumped ahead and back, decay resumes from now (was frozen until the
+    clock caught up with the stored timestamp)."""
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    ahead = UsageHistory().advance({"p|a": {"cpu": 8.0}}, t0 + timedelta(days=8), 60)
+    back = ahead.advance({}, t0, 60)
+    assert back.timestamp == t0
+    later = back.advance({}, t0 + timedelta(seconds=60), 60)
+    assert later.usage["p|a"]["cpu"] == pytest.approx(4.0)

@@ -70,6 +70,20 @@ def test_job_with_other_uid_is_not_the_owner() -> None:
     assert d.breakdown is not None and d.breakdown.priority_class is PriorityClass.NORMAL
 
 
+@pytest.mark.parametrize("api_version,kind", [("batch/v2", "Job"), ("example.com/v1", "Job"),
+                                              ("batch/v1", "CronJob"), ("", "Job")])
+def test_an_owner_reference_of_another_kind_is_not_the_job(api_version: str, kind: str) -> None:
+    """Owners are trusted only as Kueue trusts them: exactly apiVersion batch/v1, kind Job (a
+    forged reference naming an urgent Job of the namespace gives nothing)."""
+    from dataclasses import replace
+
+    w = wl("p", owner="train")
+    assert w.owner is not None
+    w = replace(w, owner=replace(w.owner, api_version=api_version, kind=kind))
+    d = one(plan_for(w, jobs=[job("train", annotations={URGENT_ANNOTATION: "true"})]))
+    assert d.breakdown is not None and d.breakdown.priority_class is PriorityClass.NORMAL
+
+
 @pytest.mark.parametrize("value", ["yes", "TRUE", " true", "True", "true ", "1", ""])
 @pytest.mark.parametrize("key", [URGENT_ANNOTATION, APPROVED_ANNOTATION])
 def test_bad_class_value_is_reported_and_left_unchanged(key: str, value: str) -> None:
@@ -305,4 +319,8 @@ def test_class_and_team_label_from_an_owner_of_another_integrated_kind() -> None
     assert one(compute_plan(snap, by_label, NOW)).team == "vision"
     stale = replace(snap, owners=(replace(jobset, uid="other"),))
     d = one(compute_plan(stale, Settings(), NOW))
+    assert d.breakdown is not None and d.breakdown.priority_class is PriorityClass.NORMAL
+    # The same kind name in another group is not that owner.
+    forged = replace(w, owner=ObjectRef("JobSet", "train", "team-a", "js-uid", "evil.io/v1"))
+    d = one(compute_plan(replace(snap, workloads=(forged,)), Settings(), NOW))
     assert d.breakdown is not None and d.breakdown.priority_class is PriorityClass.NORMAL
