@@ -826,3 +826,229 @@ def test_s8_metrics_refused_without_a_token_served_with_one(
         assert get(f"{hp}/metrics", context=None)[0] == 404
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Holes found by the second red team: owners, withdrawn approvals, Workloads without a Job,
+# queue moves, the controller's ConfigMaps
+
+
+SCHEDULING_POLICY = "wdrf.x-k8s.io/scheduling-policy"
+GC_USER = "system:serviceaccount:kube-system:generic-garbage-collector"
+
+
+def _terms(api: k8s.ApiClient, ns: str, wl: str) -> str:
+    ann = kube.get_workload(api, ns, wl)["metadata"].get("annotations") or {}
+    return str(ann.get(TERMS, ""))
+
+
+def _hand_made_workload(ns: str, n: str, owner: Obj | None = None) -> Obj:
+    meta: Obj = {"name": n, "namespace": ns}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": meta,
+            "spec": {"queueName": "lq", "podSets": [
+                {"name": "main", "count": 1, "template": {"spec": {"restartPolicy": "Never",
+                 "containers": [{"name": "c", "image": "busybox",
+                                 "resources": {"requests": {"cpu": "4"}}}]}}}]}}
+
+
+def test_forged_owner_references_are_refused_and_never_lend_a_class(
+        admin: k8s.ApiClient, plane: Plane, spaces: tuple[str, str],
+        people: dict[str, k8s.ApiClient]) -> None:
+    """A user points her own Workload at an admin's urgent Job of the namespace (an
+    ownerReference `batch/v2 Job`, which Kueue ignores): the policy refuses to set or change
+    a Workload's owners for anyone but Kueue, the garbage collector and admins; and where an
+    admin (or an old object) has such a reference, the controller does not take the class from
+    it."""
+    a, _ = spaces
+    alice, adam = people["alice"], people["adam"]
+    wl_path = kube.kueue_path("workloads", namespace=a)
+    hot = name("hot")
+    post(adam, jobs(a), kube.job_manifest(a, hot, "lq", requests={"cpu": "4"},
+                                          annotations={URGENT: "true"}))
+    uid = kube.get_job(admin, a, hot)["metadata"]["uid"]
+    forged = {"apiVersion": "batch/v2", "kind": "Job", "name": hot, "uid": uid,
+              "controller": True}
+    own = name("w")
+    post(alice, wl_path, _hand_made_workload(a, own))
+    refused(lambda: kube.patch_workload(alice, a, own, {"metadata": {
+        "ownerReferences": [forged]}}), "ownerReferences", "user alice")
+    refused(lambda: post(alice, wl_path, _hand_made_workload(a, name("w"), forged)),
+            "ownerReferences")
+    # Kueue's own ownerReference on a Job's Workload: not removable by the user either.
+    jw = h.job_workload(admin, a, hot)
+    refused(lambda: kube.patch_workload(people["bart"], a, jw, [
+        {"op": "remove", "path": "/metadata/ownerReferences"}]), "ownerReferences")
+    # The garbage collector (orphaning) may.
+    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "redteam-gc", "namespace": a},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": "wdrf-redteam-editor"},
+                "subjects": [{"kind": "ServiceAccount", "name": "generic-garbage-collector",
+                              "namespace": "kube-system"}]})
+    gc = kube.impersonating_client(admin, GC_USER, ["system:serviceaccounts"])
+    kube.request(gc, "PATCH", kube.kueue_path("workloads", jw, a),
+                 [{"op": "remove", "path": "/metadata/ownerReferences"}],
+                 "application/json-patch+json", {"dryRun": "All"})
+    # An admin may set one; the controller still trusts only batch/v1 Jobs.
+    kube.patch_workload(adam, a, own, {"metadata": {"ownerReferences": [forged]}})
+    c = h.new_controller(plane.kubeconfig, h.live_settings())
+    with h.started(c):
+        h.converge(c)
+    assert " class=normal " in _terms(admin, a, own), _terms(admin, a, own)
+    assert " class=urgent " in _terms(admin, a, jw), _terms(admin, a, jw)
+
+
+def test_a_bad_hint_never_keeps_a_withdrawn_approval(
+        admin: k8s.ApiClient, plane: Plane, spaces: tuple[str, str],
+        people: dict[str, k8s.ApiClient]) -> None:
+    """Approved by the lead, then the user adds an invalid scheduling hint and the lead
+    withdraws the approval: the hint is reported and ignored, the priority follows the class
+    down to normal (it stayed at the approved priority)."""
+    a, _ = spaces
+    alice, lena = people["alice"], people["lena"]
+    n, plain = name(), name()
+    post(alice, jobs(a), kube.job_manifest(a, n, "lq", requests={"cpu": "4"}))
+    post(alice, jobs(a), kube.job_manifest(a, plain, "lq", requests={"cpu": "4"}))
+    patch(lena, jobs(a, n), {"metadata": {"annotations": {APPROVED: "true"}}})
+    wl, plain_wl = h.job_workload(admin, a, n), h.job_workload(admin, a, plain)
+
+    def effective(w: str) -> int:
+        obj = kube.get_workload(admin, a, w)
+        ann = obj["metadata"].get("annotations") or {}
+        return int(obj["spec"].get("priority") or 0) + int(ann.get(BOOST, 0))
+
+    c = h.new_controller(plane.kubeconfig, h.live_settings())
+    with h.started(c):
+        h.converge(c)
+        assert " class=approved " in _terms(admin, a, wl)
+        approved = effective(wl)
+        assert approved > effective(plain_wl)
+        patch(alice, jobs(a, n), {"metadata": {"annotations": {SCHEDULING_POLICY: "fastest"}}})
+        patch(lena, jobs(a, n), {"metadata": {"annotations": {APPROVED: "false"}}})
+
+        def lowered() -> bool:
+            c.run_cycle()
+            return " class=normal " in _terms(admin, a, wl)
+
+        kube.wait_for(lowered, 30, "the withdrawn approval to lower the priority", interval=0.5)
+        h.converge(c)
+    assert effective(wl) < approved
+    # Same class, same team: now within the normal band, next to the plain Job.
+    assert abs(effective(wl) - effective(plain_wl)) < approved - effective(plain_wl)
+    problems = h.events_for(admin, a, wl) + h.events_for(admin, a, n)
+    assert any(SCHEDULING_POLICY in e["message"] for e in problems), problems
+
+
+def test_workloads_and_pods_without_a_job_are_approved_only_by_admins(
+        admin: k8s.ApiClient, spaces: tuple[str, str], people: dict[str, k8s.ApiClient]) -> None:
+    """No Job records who submitted a hand-made Workload, a pod group or a single pod, so a
+    lead could approve her own: only admins approve those."""
+    a, _ = spaces
+    alice, lena, adam = people["alice"], people["lena"], people["adam"]
+    wl_path = kube.kueue_path("workloads", namespace=a)
+    own = name("w")
+    post(lena, wl_path, _hand_made_workload(a, own))
+    refused(lambda: kube.patch_workload(lena, a, own, {"metadata": {"annotations": {
+        APPROVED: "true"}}}), "only be set by an admin", "Workload or a pod")
+    other = name("w")
+    post(alice, wl_path, _hand_made_workload(a, other))
+    refused(lambda: kube.patch_workload(lena, a, other, {"metadata": {"annotations": {
+        APPROVED: "true"}}}), "only be set by an admin")
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name("p"), "namespace": a, "annotations": {APPROVED: "true"},
+                        "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
+           "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    refused(lambda: post(lena, f"/api/v1/namespaces/{a}/pods", pod), APPROVED)
+    kube.patch_workload(adam, a, other, {"metadata": {"annotations": {APPROVED: "true"}}})
+    # Withdrawing stays open to anyone who may edit it.
+    kube.patch_workload(alice, a, other, {"metadata": {"annotations": {APPROVED: "false"}}})
+
+
+def test_moving_work_to_another_local_queue_is_the_leads_when_queues_are_teams(
+        admin: k8s.ApiClient, spaces: tuple[str, str], people: dict[str, k8s.ApiClient]) -> None:
+    """With TEAM_SOURCE=localqueue (guardLocalQueues) the queue-name label decides the team:
+    relabelling a suspended Job, or a Workload's spec.queueName, is a lead's call."""
+    a, _ = spaces
+    alice, lena, bart = people["alice"], people["lena"], people["bart"]
+    n = name()
+    post(alice, jobs(a), kube.job_manifest(a, n, "lq", requests={"cpu": "4"}))
+    wl = h.job_workload(admin, a, n)
+    move = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "lq-other"}}}
+    probe = name()
+    post(alice, jobs(a), kube.job_manifest(a, probe, "lq", requests={"cpu": "4"}))
+
+    back = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "lq"}}}
+
+    def guarded() -> bool:
+        try:
+            kube.request(alice, "PATCH", jobs(a, probe), back, query={"dryRun": "All"})
+        except ApiException as e:
+            return "guardLocalQueues" in str(e.body)
+        return False
+
+    patch(alice, jobs(a, probe), move)  # not guarded by default
+    with params_changed(admin, alice, a, {"guardLocalQueues": "true"}, guarded):
+        refused(lambda: patch(alice, jobs(a, n), move), "move work to another LocalQueue",
+                "user alice")
+        refused(lambda: kube.patch_workload(bart, a, wl, {"spec": {"queueName": "lq-other"}}),
+                "spec.queueName", "user bart")
+        patch(lena, jobs(a, n), move)
+        # Creating work in any LocalQueue of the namespace stays open.
+        post(alice, jobs(a), kube.job_manifest(a, name(), "lq-other"))
+
+
+def test_the_controllers_config_maps_are_writable_only_by_admins(
+        admin: k8s.ApiClient, plane: Plane, installed: list[Obj],
+        controller: k8s.ApiClient) -> None:
+    """Someone who may edit ConfigMaps in kueue-system (refused for the params) may not edit
+    the controller's settings or its usage history either; the controller still writes its
+    history. A history with a bad timestamp (an admin's typo) is dropped with an Event, and
+    the cycle writes as usual."""
+    cms = f"/api/v1/namespaces/{NS}/configmaps"
+    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "redteam-cm-editor", "namespace": NS},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                           "verbs": ["get", "create", "update", "patch", "delete"]}]})
+    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "redteam-cm-editor", "namespace": NS},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                            "name": "redteam-cm-editor"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                              "name": "opal"}]})
+    opal = kube.impersonating_client(admin, "opal", [])
+    config = next(o["metadata"]["name"] for o in installed if o["kind"] == "ConfigMap"
+                  and o["metadata"]["name"].startswith("wdrf-controller-config"))
+    refused(lambda: patch(opal, f"{cms}/{config}", {"data": {
+        "config.yaml": "TEAM_WEIGHTS: {team-a: 1000000}\n"}}), "user opal", "adminGroups")
+    refused(lambda: kube.request(opal, "DELETE", f"{cms}/{config}"), "user opal")
+    history = f"{cms}/wdrf-usage-history"
+    if not _exists(admin, history):
+        post(admin, cms, {"apiVersion": "v1", "kind": "ConfigMap",
+                          "metadata": {"name": "wdrf-usage-history", "namespace": NS},
+                          "data": {}})
+    future = ('{"version": 1, "timestamp": "2099-01-01T00:00:00+00:00", '
+              '"usage": {"cq/x|team-a": {"cpu": 25.0}}}')
+    refused(lambda: patch(opal, history, {"data": {"history.json": future}}), "user opal")
+    refused(lambda: post(opal, cms, {"apiVersion": "v1", "kind": "ConfigMap",
+                                     "metadata": {"name": "wdrf-controller-config-x",
+                                                  "namespace": NS}}), "user opal")
+    current = kube.request(controller, "GET", history)
+    kube.request(controller, "PUT", history, current)  # the controller's own update
+    # A bad history read by a controller: reset with an Event, never a failed cycle.
+    own = kube.unique_name("wdrf-history")
+    post(admin, cms, {"apiVersion": "v1", "kind": "ConfigMap",
+                      "metadata": {"name": own, "namespace": NS},
+                      "data": {"history.json": '{"version": 1, "timestamp": '
+                               '"2026-01-01T00:00:00", "usage": {}}'}})
+    c = h.new_controller(plane.kubeconfig, h.live_settings(
+        USAGE_HALF_LIFE="1h", HISTORY_CONFIG_MAP=own, CONTROLLER_NAMESPACE=NS))
+    with h.started(c):
+        report = c.run_cycle()
+        assert report.leader and report.applied is not None
+    [event] = h.events_for(admin, NS, own, "UsageHistoryReset")
+    assert "no time zone" in event["message"], event
+    saved = kube.request(admin, "GET", f"{cms}/{own}")["data"]["history.json"]
+    assert "+00:00" in saved, saved
+    kube.request(admin, "DELETE", f"{cms}/{own}")

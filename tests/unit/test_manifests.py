@@ -155,9 +155,11 @@ def test_kustomize_renders_expected_objects(rendered: list[Obj]) -> None:
         "ServiceAccount/wdrf-controller",
         "ValidatingAdmissionPolicy/wdrf-admission-params-guard",
         "ValidatingAdmissionPolicy/wdrf-class-annotations",
+        "ValidatingAdmissionPolicy/wdrf-controller-configmaps",
         "ValidatingAdmissionPolicy/wdrf-controller-writes",
         "ValidatingAdmissionPolicyBinding/wdrf-admission-params-guard",
         "ValidatingAdmissionPolicyBinding/wdrf-class-annotations",
+        "ValidatingAdmissionPolicyBinding/wdrf-controller-configmaps",
         "ValidatingAdmissionPolicyBinding/wdrf-controller-writes",
     ]
     assert len(kinds) == len(expected_prefixes), kinds
@@ -227,6 +229,8 @@ def test_admission_kustomization_renders_on_its_own() -> None:
         "MutatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
     ]
@@ -602,6 +606,15 @@ def test_admission_params_are_guarded(rendered: list[Obj]) -> None:
     assert "system:authenticated" in yaml.safe_dump(guard["spec"]["validations"])
     binding = find(rendered, "ValidatingAdmissionPolicyBinding", "wdrf-admission-params-guard")
     assert binding["spec"]["validationActions"] == ["Deny"]
+    # The controller's settings and usage history: as guarded (adminGroups from the params).
+    cms = find(rendered, "ValidatingAdmissionPolicy", "wdrf-controller-configmaps")
+    cond = cms["spec"]["matchConditions"][0]["expression"]
+    config = find(rendered, "ConfigMap", "wdrf-controller-config")["metadata"]["name"]
+    assert "'wdrf-controller-config'" in cond and "'wdrf-usage-history'" in cond
+    assert config.startswith("wdrf-controller-config") and Settings().history_config_map == \
+        "wdrf-usage-history"
+    binding = find(rendered, "ValidatingAdmissionPolicyBinding", "wdrf-controller-configmaps")
+    assert binding["spec"]["paramRef"]["name"] == "wdrf-admission-params"
 
 
 def test_submitter_stamp_covers_jobs_and_cronjob_templates(rendered: list[Obj]) -> None:
