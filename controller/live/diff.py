@@ -384,7 +384,9 @@ def plan_diff(
         job_key = owner_job_key(raw)
         if job_key is not None:
             owner_job = job(job_key)
-            uid = str(meta(owner_job).get("uid") or "") if owner_job is not None else ""
+            if owner_job is None:
+                continue
+            uid = str(meta(owner_job).get("uid") or "")
             if not uid or uid != str((controller_owner(raw) or {}).get("uid") or ""):
                 continue  # not the Job the reference names (recreated, or a forged reference)
             part = diff_job_hami(d, owner_job, jobs_res,
