@@ -144,11 +144,15 @@ def test_conditions_in_kueues_meaning() -> None:
 
 
 def test_owner_keys() -> None:
-    job = {"kind": "Job", "name": "train", "uid": "j1", "controller": True}
+    job = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "j1",
+           "controller": True}
     pod = {"kind": "Pod", "name": "p", "uid": "p1"}
     assert owner_job_key(wl(ownerReferences=[pod, job])) == "ns/train"
     assert owner_job_key(wl(ownerReferences=[{**job, "controller": False}])) is None
     assert owner_job_key(wl(ownerReferences=[{**job, "kind": "JobSet"}])) is None
+    # Only exactly batch/v1 Job, as Kueue matches owners (a forged "batch/v2 Job" is not one).
+    for api in ("batch/v2", "example.com/v1", ""):
+        assert owner_job_key(wl(ownerReferences=[{**job, "apiVersion": api}])) is None
     assert owner_uids(wl(ownerReferences=[pod, job])) == ["p1", "j1"]
 
 
