@@ -282,6 +282,51 @@ def uid_test(obj: Mapping[str, Any]) -> Ops:
     return [{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []
 
 
+_MISSING = object()
+
+
+def _tokens(path: str) -> list[str]:
+    return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
+
+
+def read_at(obj: Any, path: str) -> tuple[str, Any]:
+    """The value at a JSON pointer as read, or where the path stops existing: (the pointer
+    of the first missing key, None). A JSON-patch `test` with value null passes for a missing
+    key whose parent exists (kube-apiserver's JSON patch), so the pair is always testable."""
+    node = obj
+    for i, token in enumerate(_tokens(path)):
+        if isinstance(node, Mapping):
+            child = node.get(token, _MISSING)
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            child = node[int(token)]
+        else:
+            child = _MISSING
+        if child is _MISSING:
+            return pointer(*_tokens(path)[: i + 1]), None
+        node = child
+    return path, node
+
+
+def compare_and_swap(obj: Mapping[str, Any], ops: Ops) -> Ops:
+    """`ops` made a compare-and-swap against the object as read: the UID test, the tests in
+    `ops`, a `test` of the current value (or absence) of every path an op adds, replaces or
+    removes, then the changes. A write computed from a stale read fails as a whole (422)
+    instead of overwriting what another writer (a newer leader, Kueue, an admin) put there
+    since."""
+    tested = {op["path"] for op in ops if op.get("op") == "test"}
+    tests: Ops = []
+    for op in ops:
+        if op.get("op") not in ("add", "replace", "remove"):
+            continue
+        path, value = read_at(obj, str(op["path"]))
+        if path not in tested:
+            tested.add(path)
+            tests.append({"op": "test", "path": path, "value": value})
+    given = [op for op in ops if op.get("op") == "test" and op.get("path") != "/metadata/uid"]
+    changes = [op for op in ops if op.get("op") != "test"]
+    return uid_test(obj) + given + tests + changes
+
+
 def annotation_ops(obj: Mapping[str, Any], set_: Mapping[str, str],
                    remove: Sequence[str]) -> Ops:
     """JSON patch ops setting and removing annotations (only those that differ)."""
@@ -326,7 +371,8 @@ def priority_patch(wl: Mapping[str, Any], mode: PriorityMode,
       (both dropped once the priority is back at the base). A boost annotation left behind by
       boost mode is removed.
     * In both modes the terms go in the same patch whenever the priority is written; every
-      patch first tests `/metadata/uid`."""
+      patch is a `compare_and_swap`: the UID and the read value of every field it replaces
+      are tested first."""
     if mode is PriorityMode.BOOST:
         return _boost_patch(wl, target)
     if mode is PriorityMode.SPEC:
@@ -355,7 +401,7 @@ def _boost_patch(wl: Mapping[str, Any], target: PriorityTarget) -> PriorityPatch
         return None
     if target.terms:
         set_[PRIORITY_TERMS_ANNOTATION] = target.terms
-    ops = uid_test(wl) + spec_ops + annotation_ops(wl, set_, remove)
+    ops = compare_and_swap(wl, spec_ops + annotation_ops(wl, set_, remove))
     summary = f"priority boost {have or 0} -> {want or 0}"
     if spec_ops:
         summary += f", spec.priority restored to base {target.base}"
@@ -401,13 +447,13 @@ def _spec_patch(wl: Mapping[str, Any], target: PriorityTarget) -> PriorityPatch 
                                "value": {}})
         ann_ops.append({"op": "add", "path": pointer(
             "metadata", "annotations", PRIORITY_TERMS_ANNOTATION), "value": terms})
-    ops: Ops = uid_test(wl)
+    ops: Ops = []
     if have is not None:
-        # Only if nobody changed it since we read it (Kueue, a user): else re-read.
+        # Only if nobody changed it since we read it (Kueue, a user), even when unchanged.
         ops.append({"op": "test", "path": pointer("spec", "priority"), "value": have})
     if have != want:
         ops.append({"op": "add", "path": pointer("spec", "priority"), "value": want})
-    ops += ann_ops
+    ops = compare_and_swap(wl, ops + ann_ops)
     summary = f"spec.priority {have} -> {want} (base {target.base})"
     return PriorityPatch(ops, summary, ann.get(PRIORITY_TERMS_ANNOTATION))
 

@@ -1,8 +1,12 @@
 """The one applier: sends `Change`s, retries what can be retried, never lets one object stop
 the others.
 
-* 409 Conflict (or a failed JSON-patch `test`): re-read the object, recompute the same intent
-  against it (`diff.redo`) and try again; nothing left to do counts as done.
+* 409 Conflict (or a failed JSON-patch `test`: every write is a compare-and-swap against the
+  object as read): the write was computed from stale state. It is never sent again in this
+  cycle: counted as `conflict` (`wdrf_patches_total{result="conflict"}`) and planned again by
+  the next cycle from the caches, which have seen the change by then. The object is re-read
+  once only to tell a failed test from an invalid patch (the same patch recomputed against the
+  fresh object) and to count a write someone else already made as `noop`.
 * 429, 5xx, timeouts, connection errors: exponential backoff with jitter, bounded per cycle by
   a retry budget (seconds of sleeping). When it is spent the remaining retriable failures wait
   for the next cycle, which re-diffs from the cache anyway.
@@ -202,8 +206,7 @@ class Applier:
                         if read_error.status == 404:
                             return Outcome(change, NOOP)
                         self._metrics.api_errors.labels(read_error.code_label).inc()
-                        last_error = read_error
-                        continue
+                        return Outcome(current, CONFLICT, e)
                     if e.status == 422 and fresh is not None and fresh.body == current.body:
                         # Invalid, not a failed test (same object, same state).
                         if current.what == GPU_FRACTION:
@@ -211,8 +214,14 @@ class Applier:
                                 self.fraction_refused.add(current.ref.uid)
                             return Outcome(current, UNSUPPORTED, e)
                         return Outcome(current, FAILED, e)
-                    current = fresh
-                    continue
+                    if fresh is None:  # already as intended (or another object now): done
+                        return Outcome(current, NOOP, e)
+                    if e.status == 409 and fresh.body == current.body:
+                        continue  # the apiserver's own write race; our fields are as read
+                    # Stale: never resent; the next cycle plans from the fresh state.
+                    log.info("%s on %s not written: changed since it was read (%s); the next "
+                             "cycle plans it again", current.what, current.ref, e.status)
+                    return Outcome(current, CONFLICT, e)
                 if e.retriable and state.has_budget() and not self._stopping():
                     delay = state.take(backoff.next())
                     log.info("retrying %s on %s in %.2fs: %s", current.what, current.ref, delay, e)

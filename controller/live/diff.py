@@ -3,9 +3,11 @@
 Every function here compares a decision with the object as the cache holds it and returns
 only what differs, so a steady cycle produces no `Change` at all.
 
-Every Workload, Job and Pod write is a JSON patch whose first op tests `/metadata/uid`: a patch
-computed for an object that was deleted never lands on a new one with the same name (the
-failed test comes back as 422; the re-read sees another UID and drops the change).
+Every Workload, Job and Pod write is a compare-and-swap JSON patch (`workload.compare_and_swap`):
+its first op tests `/metadata/uid` (a patch computed for an object that was deleted never lands
+on a new one with the same name), then it tests the value as read (or the absence) of every
+field it replaces. A write computed from a stale read fails as a whole with 422; the applier
+counts it as a conflict and the next cycle plans again from fresh state.
 
 * boost mode: `kueue.x-k8s.io/priority-boost` only (removed when the boost is 0). A base
   priority left behind by spec mode is restored in the same patch.
@@ -38,13 +40,13 @@ from controller.workload import (
     PriorityTarget,
     annotation_ops,
     annotations_of,
+    compare_and_swap,
     controller_owner,
     meta,
     owner_job_key,
     owner_uids,
     pointer,
     priority_patch,
-    uid_test,
 )
 
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
@@ -192,7 +194,7 @@ def diff_job_hami(
                            "HAMi settings not applied: the Job is not suspended or has already "
                            "started, so its pod template can no longer change."))
         return out.freeze()
-    guard = [*uid_test(job), {"op": "test", "path": "/spec/suspend", "value": True}]
+    guard = [{"op": "test", "path": "/spec/suspend", "value": True}]
     if missing:
         ops = list(guard)
         if not isinstance(meta(_template(job)).get("annotations"), Mapping):
@@ -204,8 +206,9 @@ def diff_job_hami(
         ops += [{"op": "add", "path": pointer("spec", "template", "metadata", "annotations", k),
                  "value": v} for k, v in sorted(missing.items())]
         text = ", ".join(f"{k}={v}" for k, v in sorted(missing.items()))
-        out.add(Change(ref, job_resource, HAMI_ANNOTATIONS, JSON_PATCH, ops,
-                       f"pod template annotations {text}", decision))
+        out.add(Change(ref, job_resource, HAMI_ANNOTATIONS, JSON_PATCH,
+                       compare_and_swap(job, ops), f"pod template annotations {text}",
+                       decision))
     if fraction:
         if fraction_blocked:
             out.add(Notice(ref, "GpuFractionNotApplied",
@@ -214,7 +217,8 @@ def diff_job_hami(
         elif resources_mutable is False:
             out.add(fraction_refused_notice(ref, hami))
         else:
-            out.add(Change(ref, job_resource, GPU_FRACTION, JSON_PATCH, guard + fraction,
+            out.add(Change(ref, job_resource, GPU_FRACTION, JSON_PATCH,
+                           compare_and_swap(job, guard + fraction),
                            f"GPU fraction {fraction_text(hami)}", decision))
     return out.freeze()
 
@@ -307,7 +311,7 @@ def diff_pods_hami(
             text = ", ".join(f"{k}={v}" for k, v in sorted(missing.items()))
             # UID-tested like every Workload and Job patch: a pod deleted and recreated under
             # the same name (a pod group's replacement) is never patched with this intent.
-            ops = [*uid_test(pod), *annotation_ops(pod, missing, ())]
+            ops = compare_and_swap(pod, annotation_ops(pod, missing, ()))
             out.add(Change(ref, pod_resource, HAMI_ANNOTATIONS, JSON_PATCH, ops,
                            f"pod annotations {text}", decision))
         if _fraction_values(hami) and container_fraction_patch(

@@ -307,3 +307,58 @@ def test_workload_recreated_under_the_same_name_gets_no_stale_patch(
         c.shutdown()
     finally:
         h.cleanup(api, [namespace], [cq])
+
+
+@pytest.mark.parametrize("mode", ["boost", "spec"])
+def test_a_write_computed_from_a_stale_read_fails_and_the_next_cycle_writes_the_right_value(
+    api: k8s.ApiClient, kubeconfig: Path, namespace: str, plane: Plane, mode: str
+) -> None:
+    """Every write is a compare-and-swap: a Workload changed by someone else between the
+    plan's read and the write (here an admin's priority-boost, or spec.priority) makes the
+    write fail as a whole (422, in the audit log), nothing it carried lands, it is counted as a
+    conflict and not resent; the next cycle plans from the changed object and writes the value
+    the controller wants."""
+    cq, _ = kube.create_queues(api, namespace, {"cpu": 0})
+    try:
+        wl_name = new_job(api, namespace, "stale")
+        key = f"{namespace}/{wl_name}"
+        c = h.new_controller(kubeconfig, h.live_settings(PRIORITY_MODE=mode))
+        with h.started(c):
+            plan, built = c.plan(datetime.now(UTC))
+            (change,) = [ch for ch in c.diff(plan, built).changes if ch.ref.name == wl_name]
+            # Another writer, after the plan's read.
+            if mode == "boost":
+                kube.set_priority_boost(api, namespace, wl_name, 12345)
+            else:
+                kube.set_priority(api, namespace, wl_name, 7)
+            theirs = kube.get_workload(api, namespace, wl_name)
+            sent_at = datetime.now(UTC)
+            (outcome,) = c.applier.apply([change]).outcomes
+            assert outcome.result == "conflict" and outcome.error is not None \
+                and outcome.error.status == 422, outcome
+            assert c.metrics.patches.labels("Workload", "conflict")._value.get() == 1
+            after = kube.get_workload(api, namespace, wl_name)
+            assert after["spec"].get("priority") == theirs["spec"].get("priority")
+            assert (after["metadata"].get("annotations") or {}) == (
+                theirs["metadata"].get("annotations") or {})  # none of our fields landed
+            patches = [e for e in plane.audit_events("wdrf-controller")
+                       if e.get("verb") == "patch" and e.get("stage") == "ResponseComplete"
+                       and (e.get("objectRef") or {}).get("name") == wl_name
+                       and audit.ts(e["requestReceivedTimestamp"]) >= sent_at]
+            codes = [int((e.get("responseStatus") or {}).get("code") or 0) for e in patches]
+            assert codes == [422], codes  # sent once, refused, not resent
+            rv = int(theirs["metadata"]["resourceVersion"])
+            kube.wait_for(lambda: int((c.informers["workloads"].get(key) or {}).get(
+                "metadata", {}).get("resourceVersion") or 0) >= rv, 30,
+                "the cache to see the change")
+            report = h.converge(c)
+            (decision,) = [d for d in report.plan.decisions if d.key == key]
+        final = kube.get_workload(api, namespace, wl_name)
+        ann = final["metadata"].get("annotations") or {}
+        if mode == "boost":
+            assert int(ann.get(KUEUE_PRIORITY_BOOST_ANNOTATION, 0)) == decision.target_boost
+        else:
+            assert final["spec"]["priority"] == decision.target_priority
+            assert decision.base_priority == 7  # the admin's value is the new base
+    finally:
+        h.cleanup(api, [namespace], [cq])

@@ -161,7 +161,9 @@ def json_patch(doc: JSON, ops: list[JSON]) -> JSON:
         if kind == "test":
             present = (last < len(parent)) if isinstance(parent, list) else (
                 isinstance(parent, dict) and last in parent)
-            if not present or parent[last] != op["value"]:
+            # kube-apiserver's JSON patch: a test for null passes where the key is missing.
+            if (not present and op["value"] is not None) or (
+                    present and parent[last] != op["value"]):
                 # What kube-apiserver 1.36 answers (nothing names the test op).
                 raise ApiError(
                     422, "Unprocessable Entity",

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from controller.domain import KUEUE_PRIORITY_BOOST_ANNOTATION
 from controller.live.api import JOBS, WORKLOADS, CountingTransport, ReadOnlyTransport
 from controller.live.apply import (
     APPLIED,
+    CONFLICT,
     DEFERRED,
     FAILED,
     NOOP,
@@ -31,9 +34,12 @@ def decision(name: str, base: int = 10, boost: int = 100,
     )
 
 
-def seed(api: FakeApi, name: str, priority: int = 10) -> dict[str, Any]:
-    return api.put_object(WORKLOADS.item(name, "ns"), {
-        "metadata": {"name": name, "namespace": "ns"}, "spec": {"priority": priority}})
+def seed(api: FakeApi, name: str, priority: int = 10, boost: str | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns"}
+    if boost is not None:
+        meta["annotations"] = {KUEUE_PRIORITY_BOOST_ANNOTATION: boost}
+    return api.put_object(WORKLOADS.item(name, "ns"), {"metadata": meta,
+                                                        "spec": {"priority": priority}})
 
 
 def sleeps() -> tuple[list[float], Any]:
@@ -54,18 +60,31 @@ def test_applies_and_counts_metrics() -> None:
     assert metrics.patches.labels("Workload", APPLIED)._value.get() == 1
 
 
-def test_spec_conflict_rereads_and_retries_against_the_new_value() -> None:
+@pytest.mark.parametrize("mode", [PriorityMode.SPEC, PriorityMode.BOOST])
+def test_a_stale_write_is_a_conflict_counted_and_never_resent(mode: PriorityMode) -> None:
+    """Changed after our read (Kueue, a user, a newer leader): the compare-and-swap fails,
+    the write is not recomputed from the stale decision and sent again; the next cycle plans
+    from the fresh object."""
     api = FakeApi()
     stale = seed(api, "a", priority=10)
-    change = diff_priority(decision("a"), stale, WORKLOADS, PriorityMode.SPEC)
+    change = diff_priority(decision("a"), stale, WORKLOADS, mode)
     assert change is not None
-    seed(api, "a", priority=50)  # Kueue (or a user) changed it after our read
-    report = Applier(api, Metrics()).apply([change])
-    assert report.counts() == {APPLIED: 1}
+    if mode is PriorityMode.SPEC:
+        seed(api, "a", priority=50)
+    else:
+        seed(api, "a", priority=10, boost="777")
+    metrics = Metrics()
+    report = Applier(api, metrics).apply([change])
+    assert report.counts() == {CONFLICT: 1}
     stored = api.get_object(WORKLOADS.item("a", "ns"))
-    assert stored is not None and stored["spec"]["priority"] == 110
-    gets = [r for r in api.requests if r[0] == "GET"]
-    assert len(gets) == 1  # exactly one re-read
+    assert stored is not None
+    if mode is PriorityMode.SPEC:
+        assert stored["spec"]["priority"] == 50
+    else:
+        assert stored["metadata"]["annotations"][KUEUE_PRIORITY_BOOST_ANNOTATION] == "777"
+    assert [m for m, _ in api.requests].count("PATCH") == 1
+    assert [m for m, _ in api.requests].count("GET") == 1  # one re-read, to classify it
+    assert metrics.patches.labels("Workload", CONFLICT)._value.get() == 1
 
 
 def test_conflict_that_resolves_itself_is_noop() -> None:

@@ -103,6 +103,7 @@ def test_boost_mode_writes_only_the_boost_annotation_for_this_uid() -> None:
     assert change.content_type == JSON_PATCH
     assert change.body == [
         UID_TEST,
+        {"op": "test", "path": "/metadata/annotations", "value": None},  # still none
         {"op": "add", "path": "/metadata/annotations", "value": {}},
         {"op": "add", "path": "/metadata/annotations/kueue.x-k8s.io~1priority-boost",
          "value": "500"},
@@ -143,6 +144,8 @@ def test_boost_zero_removes_the_annotation_and_absent_is_steady() -> None:
     change = diff_priority(decision(boost=0), wl, WORKLOADS, PriorityMode.BOOST)
     assert change is not None
     assert change.body == [UID_TEST, {
+        "op": "test", "path": "/metadata/annotations/kueue.x-k8s.io~1priority-boost",
+        "value": "500"}, {
         "op": "remove", "path": "/metadata/annotations/kueue.x-k8s.io~1priority-boost"}]
     after = apply(wl, change)
     assert diff_priority(decision(boost=0), after, WORKLOADS, PriorityMode.BOOST) is None
@@ -188,8 +191,10 @@ def test_spec_mode_writes_the_applied_priority_in_the_same_patch() -> None:
     wl = workload(priority=10, annotations={BASE_PRIORITY_ANNOTATION: "10"})  # from before it
     change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.SPEC)
     assert change is not None
-    assert change.body[:3] == [UID_TEST, {"op": "test", "path": "/spec/priority", "value": 10},
-                               {"op": "add", "path": "/spec/priority", "value": 510}]
+    assert change.body[:2] == [UID_TEST, {"op": "test", "path": "/spec/priority", "value": 10}]
+    assert {"op": "test", "path": "/metadata/annotations/wdrf.x-k8s.io~1applied-priority",
+            "value": None} in change.body
+    assert {"op": "add", "path": "/spec/priority", "value": 510} in change.body
     after = apply(wl, change)
     assert after["metadata"]["annotations"] == {BASE_PRIORITY_ANNOTATION: "10",
                                                 APPLIED_PRIORITY_ANNOTATION: "510"}
@@ -265,11 +270,12 @@ def test_spec_mode_removes_boost_left_by_boost_mode() -> None:
     assert after["spec"]["priority"] == 510
 
 
-def test_spec_mode_without_priority_field_tests_only_the_uid() -> None:
+def test_spec_mode_without_priority_field_tests_that_it_is_still_absent() -> None:
     wl = workload(priority=None)
     change = diff_priority(decision(base=0), wl, WORKLOADS, PriorityMode.SPEC)
     assert change is not None
-    assert [op for op in change.body if op["op"] == "test"] == [UID_TEST]
+    assert [op for op in change.body if op["op"] == "test"][:2] == [
+        UID_TEST, {"op": "test", "path": "/spec/priority", "value": None}]
     assert apply(wl, change)["spec"]["priority"] == 500
 
 
@@ -316,6 +322,8 @@ def test_hami_only_missing_keys_are_patched() -> None:
     assert [c.body for c in d.changes] == [[
         {"op": "test", "path": "/metadata/uid", "value": "j1"},
         {"op": "test", "path": "/spec/suspend", "value": True},
+        {"op": "test", "path": "/spec/template/metadata/annotations/hami.io~1gpu-scheduler-policy",
+         "value": None},
         {"op": "add", "path": "/spec/template/metadata/annotations/hami.io~1gpu-scheduler-policy",
          "value": "spread"},
     ]]
@@ -379,3 +387,55 @@ def test_gated_pods_get_annotations_ungated_are_left_alone() -> None:
     recreated = {**gated, "metadata": {**gated["metadata"], "uid": "p1-new"}}
     with pytest.raises(Exception, match="422"):  # a failed test, as kube-apiserver answers it
         apply(recreated, change)  # the same name, another pod: the patch does not land
+
+
+# -- compare-and-swap ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode,theirs", [
+    (PriorityMode.BOOST, {KUEUE_PRIORITY_BOOST_ANNOTATION: "12345"}),  # another leader's boost
+    (PriorityMode.BOOST, {PRIORITY_TERMS_ANNOTATION: "v2 class=urgent"}),  # ... its terms
+    (PriorityMode.SPEC, {PRIORITY_TERMS_ANNOTATION: "v2 class=urgent"}),
+    (PriorityMode.SPEC, {BASE_PRIORITY_ANNOTATION: "3"}),
+    (PriorityMode.SPEC, {APPLIED_PRIORITY_ANNOTATION: "77"}),
+])
+def test_a_write_computed_from_a_stale_read_fails_whatever_field_changed(
+        mode: PriorityMode, theirs: dict[str, str]) -> None:
+    """Every field a priority write replaces is tested at the value it was read with: a
+    patch computed before another writer set any of them fails as a whole (last writer does
+    not win)."""
+    read = workload(priority=10, annotations={"unrelated": "x"})
+    change = diff_priority(dataclasses.replace(decision(), terms="v2 class=normal"), read,
+                           WORKLOADS, mode)
+    assert change is not None
+    assert apply(read, change)  # against what it read: applies
+    now = copy.deepcopy(read)
+    now["metadata"]["annotations"].update(theirs)
+    with pytest.raises(Exception, match="422"):
+        json_patch(now, change.body)
+    # Someone else's unrelated annotation does not make it fail.
+    other = copy.deepcopy(read)
+    other["metadata"]["annotations"]["someone/else"] = "y"
+    json_patch(other, change.body)
+
+
+def test_a_stale_spec_priority_and_a_stale_job_template_fail_too() -> None:
+    read = workload(priority=10)
+    change = diff_priority(decision(), read, WORKLOADS, PriorityMode.SPEC)
+    assert change is not None
+    moved = copy.deepcopy(read)
+    moved["spec"]["priority"] = 11
+    with pytest.raises(Exception, match="422"):
+        json_patch(moved, change.body)
+    j = job()
+    d = diff_job_hami(decision(hami=HAMI), j, JOBS, None)
+    for c in d.changes:
+        changed = copy.deepcopy(j)
+        if c.what == HAMI_ANNOTATIONS:
+            changed["spec"]["template"]["metadata"]["annotations"] = {
+                HAMI_NODE_POLICY_ANNOTATION: "spread"}  # a user's own choice, set meanwhile
+        else:
+            changed["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"][
+                "nvidia.com/gpucores"] = "40"
+        with pytest.raises(Exception, match="422"):
+            json_patch(changed, c.body)
