@@ -62,9 +62,10 @@ def workload_body(ns: str, name: str, rng: random.Random) -> dict[str, Any]:
     }
 
 
-def create_workloads(plane: Plane, n: int, teams: list[str]) -> float:
-    rng = random.Random(7)
-    bodies = [workload_body(teams[i % len(teams)], f"wl-{i:05d}", rng) for i in range(n)]
+def create_workloads(plane: Plane, n: int, teams: list[str], start: int = 0) -> float:
+    rng = random.Random(7 + start)
+    bodies = [workload_body(teams[i % len(teams)], f"wl-{i:05d}", rng)
+              for i in range(start, start + n)]
     t0 = time.monotonic()
     local = threading.local()
 
