@@ -53,12 +53,19 @@ def workload_dict(
     usage: Mapping[str, Any] | None = None,
     finished: bool = False,
     owner_job: str | None = None,
+    owner: tuple[str, str] | None = None,
+    conditions: list[dict[str, Any]] | None = None,
+    created: str | None = None,
+    active: bool | None = None,
 ) -> dict[str, Any]:
+    """A Kueue Workload as the API returns it. `owner` = (kind, name) of its controller owner
+    (`owner_job`: a batch/v1 Job); `conditions` are added to those `admitted_to` and `finished`
+    set; `created` an RFC 3339 creation time instead of `age` seconds before NOW."""
     meta: dict[str, Any] = {
         "name": name,
         "namespace": namespace,
         "uid": f"uid-{namespace}-{name}",
-        "creationTimestamp": ts(age),
+        "creationTimestamp": created or ts(age),
         "resourceVersion": "1",
     }
     if annotations is not None:
@@ -66,8 +73,13 @@ def workload_dict(
     if labels is not None:
         meta["labels"] = dict(labels)
     if owner_job:
-        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": owner_job,
-                                    "uid": f"job-{namespace}-{owner_job}", "controller": True}]
+        owner = ("Job", owner_job)
+    if owner:
+        kind, owner_name = owner
+        group = {"Job": "batch/v1", "RayJob": "ray.io/v1"}.get(kind, "example.com/v1")
+        meta["ownerReferences"] = [{"apiVersion": group, "kind": kind, "name": owner_name,
+                                    "uid": f"{kind.lower()}-{namespace}-{owner_name}",
+                                    "controller": True}]
     res: dict[str, Any] = {"requests": dict(requests or {"cpu": "1", GPU: "1"})}
     if limits:
         res["limits"] = dict(limits)
@@ -78,6 +90,8 @@ def workload_dict(
     }
     if priority is not None:
         spec["priority"] = priority
+    if active is not None:
+        spec["active"] = active
     if priority_class:
         if api == V1B1:
             spec["priorityClassName"] = priority_class
@@ -94,6 +108,7 @@ def workload_dict(
             {"name": "main", "count": count, "resourceUsage": dict(usage or res["requests"])}]}}
     if finished:
         conds.append({"type": "Finished", "status": "True", "lastTransitionTime": ts(0)})
+    conds += conditions or []
     if conds:
         obj.setdefault("status", {})["conditions"] = conds
     return obj

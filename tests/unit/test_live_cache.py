@@ -11,12 +11,15 @@ from controller.live.api import WORKLOADS, ApiError, CountingTransport
 from controller.live.backoff import Backoff
 from controller.live.cache import Gone, Informer, WatchSpec
 from controller.live.metrics import Metrics
+from tests.support.builders import workload_dict
 from tests.support.fake import FakeApi
 
 
 def wl(name: str, ns: str = "ns", **labels: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": ns, "labels": labels,
-                         "managedFields": [{"manager": "x"}]}, "spec": {}}
+    """A Workload (tests/support/builders.py) with managedFields, which the cache drops."""
+    obj = workload_dict(name, ns, labels=labels)
+    obj["metadata"]["managedFields"] = [{"manager": "x"}]
+    return obj
 
 
 def setup(n: int = 3, page: int = 2) -> tuple[FakeApi, CountingTransport, Informer, list[Any]]:

@@ -15,6 +15,7 @@ from controller.cli import main
 from controller.reset import plan_undo, reset
 from controller.why import WhyError, namespace_position, usage_over_entitlement, why
 from controller.workload import Terms
+from tests.support.builders import workload_dict
 from tests.support.fake import FakeApi
 
 V = "/apis/kueue.x-k8s.io/v1beta2"
@@ -27,16 +28,10 @@ def workload(name: str, ns: str = "team-a", *, queue: str = "lq", owner: tuple[s
              = None, prio: int = 0, ann: dict[str, str] | None = None,
              conditions: list[dict[str, Any]] | None = None, created: str = "2026-11-22T10:00:00Z",
              active: bool = True) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": ns, "creationTimestamp": created,
-                            "annotations": dict(ann or {})}
-    if owner:
-        group = {"Job": "batch/v1", "RayJob": "ray.io/v1"}.get(owner[0], "example.com/v1")
-        meta["ownerReferences"] = [{"apiVersion": group, "kind": owner[0], "name": owner[1],
-                                    "uid": "u-" + owner[1], "controller": True}]
-    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": meta,
-            "spec": {"queueName": queue, "priority": prio, "active": active,
-                     "podSets": [{"name": "main", "count": 1}]},
-            "status": {"conditions": conditions if conditions is not None else [PENDING]}}
+    """A Workload (tests/support/builders.py), pending by default, as `why` reads it."""
+    return workload_dict(name, ns, queue=queue, owner=owner, priority=prio,
+                         annotations=dict(ann or {}), created=created, active=active,
+                         conditions=conditions if conditions is not None else [PENDING])
 
 
 PENDING = {"type": "QuotaReserved", "status": "False", "reason": "Pending",
