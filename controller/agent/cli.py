@@ -7,6 +7,7 @@ driver (without ``--allow-no-gpu``) or bad flags. Errors are one line on stderr,
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import sys
@@ -65,7 +66,30 @@ def _serve_metrics(port: int, address: str, agent_registry: object) -> None:
     start_http_server(port, addr=address, registry=agent_registry)  # type: ignore[arg-type]
 
 
-@click.command("agent")
+class _AgentCommand(click.Command):
+    """Bad settings (flags or AGENT_* variables) reported like the controller's config errors:
+    `KEY=value: why (from environment|command line)`, exit 2."""
+
+    def make_context(self, info_name: str | None, args: list[str],
+                     parent: click.Context | None = None, **extra: object) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.BadParameter as e:
+            if e.param is None or e.ctx is None:
+                raise
+            source = e.ctx.get_parameter_source(e.param.name or "")
+            from_env = source is click.core.ParameterSource.ENVIRONMENT
+            envvar = e.param.envvar if isinstance(e.param.envvar, str) else None
+            key = envvar if from_env and envvar else (e.param.opts or ["?"])[0]
+            value = os.environ.get(envvar, "") if from_env and envvar else ""
+            where = "environment" if from_env else "command line"
+            shown = f"{key}={value}" if value else key
+            click.echo(f"1 configuration error(s):\n  {shown}: {e.message.rstrip('.')} "
+                       f"(from {where})", err=True)
+            sys.exit(EXIT_NO_DRIVER)  # 2, as every configuration error
+
+
+@click.command("agent", cls=_AgentCommand)
 @click.option(
     "--node-name",
     envvar="NODE_NAME",
@@ -165,7 +189,7 @@ def _serve_metrics(port: int, address: str, agent_registry: object) -> None:
     envvar="AGENT_LOG_LEVEL",
     default="info",
     show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
     show_envvar=True,
 )
 def agent(

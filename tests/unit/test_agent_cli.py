@@ -191,3 +191,24 @@ def test_real_run_allow_no_gpu_serves_zero_gpu_metrics() -> None:
     assert proc.returncode == 0, err
     assert "no NVIDIA driver: NVML Shared Library Not Found; serving metrics with zero GPUs" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("env", "args", "says"), [
+    ({"AGENT_LOG_LEVEL": "trace"}, [], "AGENT_LOG_LEVEL=trace: 'trace' is not one of"),
+    ({"AGENT_INTERVAL": "0"}, [], "AGENT_INTERVAL=0: '0' is not a positive duration"),
+    ({}, ["--metrics-port", "70000"], "--metrics-port: "),
+])
+def test_bad_settings_read_like_the_controllers_config_errors(
+    fake: FakeNvml, env: dict[str, str], args: list[str], says: str
+) -> None:
+    result = CliRunner().invoke(agent, ["--once", "--no-publish", *args], env=_env(**env))
+    assert result.exit_code == 2
+    assert result.output.startswith("1 configuration error(s):\n"), result.output
+    assert says in result.output and ("(from environment)" if env else "(from command line)") \
+        in result.output
+
+
+def test_log_level_in_any_case(fake: FakeNvml) -> None:
+    result = CliRunner().invoke(agent, ["--once", "--no-publish"],
+                                env=_env(AGENT_LOG_LEVEL="DEBUG"))
+    assert result.exit_code == 0, result.output
