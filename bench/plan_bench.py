@@ -5,7 +5,7 @@
 
 Prints the median wall time of one full plan and peak memory: tracemalloc's peak of Python
 allocations during one plan, and the process's max RSS (snapshot + plan + interpreter).
-Goal (issue 3): <= 250 ms and <= 200 MB for 10,000 pending + 5,000 admitted Workloads, 100 teams,
+Goal: <= 250 ms and <= 200 MB for 10,000 pending + 5,000 admitted Workloads, 100 teams,
 50 ClusterQueues.
 """
 

@@ -1,4 +1,4 @@
-"""Soak on the real plane (issue 12): two replicas under a supervisor that restarts them like a
+"""Soak on the real plane: two replicas under a supervisor that restarts them like a
 Deployment, a steady churn of Jobs (and so Workloads) over two teams, and disruptions in turn
 — SIGKILL of the leader, a Kueue restart, a kube-apiserver restart, SIGTERM of the leader.
 

@@ -11,12 +11,12 @@ from decimal import Decimal
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from wdrf_build import NOW, snapshot, wl
-from wdrf_build import settings as make_settings
 
 from controller.domain import Admission, ClusterQueue, KueueApiVersion, ResourceQuota
 from controller.plan import Plan
 from controller.policy import compute_plan
+from tests.support.builders import NOW, snapshot, wl
+from tests.support.builders import settings as make_settings
 
 GI = 1 << 30
 

@@ -9,8 +9,6 @@ from decimal import Decimal
 
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
-from wdrf_build import NOW, snapshot, wl
-from wdrf_build import settings as make_settings
 
 from controller.config import Settings
 from controller.domain import (
@@ -28,6 +26,8 @@ from controller.domain import (
 )
 from controller.plan import ExposureReason, Plan, WorkloadDecision
 from controller.policy import compute_plan
+from tests.support.builders import NOW, snapshot, wl
+from tests.support.builders import settings as make_settings
 
 HOUR = 3600.0
 RECLAIM = make_settings(reclaim_enabled=True)

@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 from decimal import Decimal
 
-from wdrf_build import NOW, snapshot, wl
-from wdrf_build import settings as make_settings
-
 from controller.config import AUTO_TEAM_WEIGHTS, load_settings
 from controller.domain import GPU, ClusterQueue, KueueApiVersion, LocalQueue, ResourceQuota
 from controller.policy import compute_plan
+from tests.support.builders import NOW, snapshot, wl
+from tests.support.builders import settings as make_settings
 
 
 def _per_team_queues(weights: dict[str, str]) -> object:
