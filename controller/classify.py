@@ -9,10 +9,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from controller.config import INT32_MAX, INT32_MIN, MAX_OVERRIDE
+from controller.config import MAX_OVERRIDE
 from controller.domain import (
     APPROVED_ANNOTATION,
     BASE_PRIORITY_ANNOTATION,
+    INT32_MAX,
+    INT32_MIN,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
     PRIORITY_OVERRIDE_ANNOTATION,
     URGENT_ANNOTATION,

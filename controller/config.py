@@ -40,8 +40,6 @@ from controller.hami_values import NODE_POLICIES, parse_hami_version, valid_gpu_
 # cannot overflow for any sane base (WorkloadPriorityClass values are usually < 1e6).
 MAX_BOOST = 1_000_000_000
 MAX_OVERRIDE = 1_000_000_000  # wdrf.x-k8s.io/priority-override accepts 0..MAX_OVERRIDE
-INT32_MIN = -(2**31)
-INT32_MAX = 2**31 - 1
 MAX_BASE_CAP = 100_000_000
 # Weights are ratios: bounded so shares stay finite and printable (no NaN, no Infinity).
 MIN_TEAM_WEIGHT, MAX_TEAM_WEIGHT = 1e-3, 1e6

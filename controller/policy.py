@@ -51,8 +51,10 @@ from controller.accounting import (
     weighted_share,
 )
 from controller.classify import Classified, clamp_int32, classify, implied_base
-from controller.config import INT32_MAX, INT32_MIN, MAX_TEAM_WEIGHT, MIN_TEAM_WEIGHT, PolicySettings
+from controller.config import MAX_TEAM_WEIGHT, MIN_TEAM_WEIGHT, PolicySettings
 from controller.domain import (
+    INT32_MAX,
+    INT32_MIN,
     PRIORITY_TERMS_ANNOTATION,
     ApprovedScope,
     ClusterQueue,

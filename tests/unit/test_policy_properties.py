@@ -16,10 +16,12 @@ from decimal import Decimal
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from controller.config import INT32_MAX, INT32_MIN, MAX_BOOST, Settings
+from controller.config import MAX_BOOST, Settings
 from controller.domain import (
     APPROVED_ANNOTATION,
     GPU,
+    INT32_MAX,
+    INT32_MIN,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
     PRIORITY_OVERRIDE_ANNOTATION,
     PRIORITY_TERMS_ANNOTATION,
