@@ -146,6 +146,21 @@ def test_a_tiny_evaluation_runs_end_to_end() -> None:
     assert all(g.met is not None for g in check_goals(held, 10.0))
 
 
+def test_the_report_has_its_sections() -> None:
+    from evaluation.evaluate import render
+
+    opts = Options(trace=None, generated_jobs=300, days=1, held_out=1, seeds=1,
+                   policies=("fifo", "fs", "wdrf-fs@4/2/1"))
+    windows, records, epoch = run_all(opts)
+    text = render(opts, windows, records, epoch, 10.0, {}, [], 1.0, "test")
+    heads = [line for line in text.splitlines() if line.startswith("## ")]
+    assert heads[-1] == "## Run times"  # not inside the goals
+    assert "## Work carried into each window" in heads
+    assert f"## Goals for {WDRF_FS_NAME}, weights 4/2/1 (held-out windows)" in heads
+    assert "largest abs(ratio - 1), backlogged, own work" in text
+    assert "reclaims / h" in text
+
+
 def test_resume_runs_only_what_is_missing_and_records_round_trip() -> None:
     from evaluation.experiment import record_from_json, record_to_json
 
