@@ -94,3 +94,18 @@ def test_quick_runs_the_tuning_seeds_on_the_tuning_window_only() -> None:
                         policies=("fifo",))
     windows, records, _ = run_all(none_held)
     assert [w.role for w in windows] == ["tuning"] and len(records) == 3
+
+
+def test_reclaim_and_approval_scope_settings_reach_the_controller() -> None:
+    key = ("wdrf:RECLAIM_ENABLED=true:RECLAIM_MARGIN=0.3:MIN_RUNTIME=45m"
+           ":RECLAIM_BUDGET_PER_HOUR=5:APPROVED_SCOPE=team")
+    p, k = make_policy(key, Options(), ZERO, Settings(), {})
+    assert isinstance(p, WdrfKueue)
+    s = p.settings
+    assert (s.reclaim_enabled, s.reclaim_margin, s.min_runtime, s.reclaim_budget_per_hour) == (
+        True, 0.3, 2700.0, 5)
+    assert s.team_scoped_approval() and not p.aggregate_admitted
+    # one shared ClusterQueue that preempts within itself by priority: what reclaim needs
+    assert k.topology == SINGLE_CQ and k.within_cluster_queue == LOWER_PRIORITY
+    q, _ = make_policy("wdrf-fs:APPROVED_SCOPE=team@4/2/1", Options(), ZERO, Settings(), {})
+    assert q.name == f"{WDRF_FS_NAME}, APPROVED_SCOPE team, weights 4/2/1"
