@@ -98,8 +98,9 @@ class PriorityBreakdown:
     priority: int  # the effective priority Kueue sees: what all the terms add up to
     guard: bool = False  # admitted: the class guard value, not the pending encoding
     clamped: str = ""  # why the value was clamped (int32 / boost range), empty when not
-    # Pending: the team's weighted dominant share now; `dominant_share` is the prospective one
-    # (the team's usage, its Workloads queued ahead of this one in the pool, and this one).
+    # Pending: the team's weighted dominant share now; `dominant_share` is the one the team
+    # will have when this Workload's turn comes (its usage and its Workloads queued ahead of
+    # this one in the pool), which ranks it (progressive filling).
     team_share: float = 0.0
     # Pending, team-scoped approval: the wait is credited from its team's longest-waiting
     # Workload of the pool when that one waited longer (it takes the team's head).

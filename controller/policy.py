@@ -354,6 +354,7 @@ class Scored:
     boost: int
     breakdown: PriorityBreakdown | None  # None: left unchanged (bad input)
     terms: str
+    suffix: str = ""  # terms words after `priority=` (e.g. reclaimed-for=)
     demand: Vector | None = None  # what it will reserve, in its pool's dimensions
     share: float = 0.0  # prospective weighted dominant share (its team's, once it is admitted)
 
@@ -410,10 +411,12 @@ def score_pending(
     acc: Accounts, g: Gathered, snapshot: ClusterSnapshot, settings: PolicySettings, now: datetime,
 ) -> list[Scored]:
     """Score every pending Workload. Fairness is DRF's progressive filling: a Workload's level
-    comes from its team's prospective weighted dominant share - the team's usage in the pool,
-    plus its Workloads queued ahead of this one there (`_team_order_key`), plus this one - so
-    freed quota goes to teams in DRF's order, and admitting one of a team's Workloads leaves
-    the others' values as they were (usage grows by what the queue ahead shrinks by)."""
+    comes from the weighted dominant share its team will have when this Workload's turn comes -
+    the team's usage in the pool plus its Workloads queued ahead of this one there
+    (`_team_order_key`) - so freed quota goes to the team with the lowest share first, as DRF
+    gives the next task, and admitting one of a team's Workloads leaves the others' values as
+    they were (usage grows by what the queue ahead shrinks by). `Scored.share` is the share
+    once this Workload runs too (what reclaim compares)."""
     mode = requeue_mode(snapshot.requeue_timestamp, settings)
     hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
     out: list[Scored] = []
@@ -470,6 +473,7 @@ def _score_team(
     for s in queue:
         m, c = s.member, s.classified
         w = m.workload
+        before, ranked_by = share, dominant
         demand = demands.of(w, pool)
         for dim, q in demand.items():
             vec[dim] = vec.get(dim, 0.0) + q
@@ -478,7 +482,7 @@ def _score_team(
                 share, dominant = vec[dim] / cd * rw / tw, dim
         s.demand, s.share = demand, share
         previous, taken = _previous(w, pool, team, levels)
-        level = min(ceiling, fairness_level(share, total, settings, previous))
+        level = min(ceiling, fairness_level(before, total, settings, previous))
         ceiling = level
         fairness = level_points(level, settings)
         cls = c.priority_class
@@ -499,7 +503,7 @@ def _score_team(
             problems = (*problems, InputProblem(w.ref, "spec.priority", str(c.base), clamped))
         s.breakdown = PriorityBreakdown(
             cls, classes.weight[cls], classes.term[cls], team, pool,
-            dominant, share, level, fairness,
+            ranked_by, before, level, fairness,
             s.since, max(now_ts - s.since.timestamp(), 0.0), ref, aging, c.base, bterm,
             c.override, target, False, clamped, ts.dominant_share,
             credited if credited != s.since else None,
@@ -508,7 +512,8 @@ def _score_team(
         s.terms = pending_terms(cls, team, pool, level, levels, fairness, iso(credited),
                                 ref_iso, c.base, c.override, target)
         if taken:
-            s.terms += f" reclaimed-for={taken}"
+            s.suffix = f" reclaimed-for={taken}"
+            s.terms += s.suffix
 
 
 def preempting_pools(queues: Iterable[ClusterQueue]) -> frozenset[str]:
@@ -567,6 +572,11 @@ class Victim:
 
     exposure: Exposure
     allowed: Callable[[Scored], bool]
+    team: str  # the victim's team
+    cluster_queue: str
+    # Its ClusterQueue preempts only strictly lower priorities (LowerPriority): a pending
+    # Workload at exactly its value cannot take it.
+    strict: bool = False
 
 
 def _size(vec: Mapping[str, float], cap: Mapping[str, float]) -> float:
@@ -653,7 +663,9 @@ class _Exposer:
                and not c.blocking and c.override is None and c.priority_class is cls]
         return sorted(out, key=key)
 
-    def expose(self, cq: str, holders: list[Member], waiting: list[Scored]) -> None:
+    def expose(self, cq: str, holders: list[Member], waiting: list[Scored],
+               strict: bool) -> None:
+        self.strict = strict
         pool = holders[0].pool
         free = _free(self.acc, pool, self.demands.single(pool))
         if self.settings.team_scoped_approval():
@@ -682,7 +694,7 @@ class _Exposer:
                                      PriorityClass.NORMAL, ExposureReason.TEAM_APPROVAL):
                 if covered >= need:
                     break
-                self.out[m.workload.key] = Victim(exposure, allowed)
+                self.out[m.workload.key] = Victim(exposure, allowed, team, cq, self.strict)
                 covered += _size(admitted_usage(m.workload, self.acc.card_mib), cap)
 
     def _for_reclaim(self, cq: str, pool: str, holders: list[Member], waiting: list[Scored],
@@ -709,11 +721,13 @@ class _Exposer:
                 for m in self.candidates((h for h in holders if h.team == team), cls,
                                          ExposureReason.RECLAIM):
                     started = m.workload.reserved_since
-                    if covered >= need or left <= bar or self.budget_left(pool) <= 0:
+                    if covered >= need or self.budget_left(pool) <= 0:
                         break
                     if started is None or started.timestamp() > min_start:
                         continue
                     held = admitted_usage(m.workload, self.acc.card_mib)
+                    if left - self.delta(held, pool, team) < bar:
+                        break  # it would take the team below (1 + margin) x its entitlement
 
                     def allowed(s: Scored, cls: PriorityClass = cls, team: str = team,
                                 held: Vector = held, us_v: float = us_v) -> bool:
@@ -729,7 +743,8 @@ class _Exposer:
                     if not teams:
                         continue
                     self.out[m.workload.key] = Victim(
-                        Exposure(ExposureReason.RECLAIM, teams, us_v), allowed)
+                        Exposure(ExposureReason.RECLAIM, teams, us_v), allowed, team, cq,
+                        self.strict)
                     self.budget[pool] = self.budget_left(pool) - 1
                     covered += _size(held, cap)
                     left -= self.delta(held, pool, team)
@@ -755,8 +770,40 @@ def choose_victims(
             holders.setdefault(m.cluster_queue, []).append(m)
     exposer = _Exposer(acc, settings, now, admitted_classes)
     for cq in sorted(holders):
-        exposer.expose(cq, holders[cq], waiting[cq])
+        strict = g.queues[cq].preemption.within_cluster_queue == "LowerPriority"
+        exposer.expose(cq, holders[cq], waiting[cq], strict)
     return MappingProxyType(exposer.out)
+
+
+def nudge_takers(scored: Iterable[Scored], victims: Mapping[str, Victim],
+                 settings: PolicySettings) -> None:
+    """A pending Workload that may take an exposed victim is written one point higher, with
+    `preempts=<the victims' teams>` in its terms, for as long as it may. Kueue parks a Workload
+    that did not fit and retries it when something in its queue changes - a priority change
+    of its own, not of an admitted Workload without a WorkloadPriorityClass - so without this
+    write a victim exposed after the taker was parked would wait for an unrelated event."""
+    if not victims:
+        return
+    by_cq: dict[str | None, list[Victim]] = {}
+    for victim in victims.values():
+        by_cq.setdefault(victim.cluster_queue, []).append(victim)
+    levels = settings.fairness_levels
+    for s in scored:
+        b = s.breakdown
+        mine = by_cq.get(s.member.cluster_queue)
+        if b is None or not mine or s.classified.override is not None:
+            continue
+        teams = sorted({v.team for v in mine if v.allowed(s)})
+        if not teams:
+            continue
+        target = s.target + 1
+        boost, clamped = _boost(target, b.base)
+        s.target, s.boost = target, boost
+        s.breakdown = replace(b, priority=target, clamped=b.clamped or clamped)
+        s.terms = pending_terms(
+            b.priority_class, b.team, b.pool, b.fairness_level, levels, b.fairness_term,
+            iso(b.credited_since or b.queued_since), iso(b.reference), b.base, b.override,
+            target) + s.suffix + f" preempts={','.join(teams)}"
 
 
 Ranked = Mapping[str, list[tuple[int, Scored]]]
@@ -792,6 +839,7 @@ def exposed_range(ranked: list[tuple[int, Scored]], protected: tuple[PriorityCla
 
 def guard_admitted(
     acc: Accounts, g: Gathered, settings: PolicySettings, now: datetime, scored: list[Scored],
+    victims: Mapping[str, Victim], admitted_classes: Mapping[str, Classified],
 ) -> list[WorkloadDecision]:
     """Admitted Workloads that preemption can reach get their class guard once a pending
     Workload that must not preempt them reaches their priority (this plan's values included:
@@ -803,9 +851,6 @@ def guard_admitted(
     classes = _ClassTerms(settings)
     protected_from = _protected_from(settings)
     threats = pending_threats(scored)
-    admitted_classes = {m.workload.key: classify(m.workload, m.job)
-                        for m in acc.admitted if m.pool in pools}
-    victims = choose_victims(acc, g, scored, settings, now, admitted_classes)
     ranked = rank_threats(scored) if victims else {}
     # Guards of one (class, team, pool, base, override) share their breakdown and terms.
     shared: dict[tuple[object, ...], tuple[PriorityBreakdown, str, int, str]] = {}
@@ -823,14 +868,16 @@ def guard_admitted(
         if victim is not None:
             threat, best = exposed_range(ranked.get(m.pool, []), protected_from[cls],
                                          victim.allowed)
-            if best > threat + 1:
+            low = threat if victim.strict else threat + 1  # nothing it protects can take it
+            low = max(low, min(0, best - 1))  # nothing to protect it from: 0, not int32's floor
+            if best > low:
                 current = kueue_priority(w, c)
                 old = parse_terms(w.annotations.get(PRIORITY_TERMS_ANNOTATION))
-                if threat < current < best and old.get("state") == _STATE[
+                if low <= current < best and old.get("state") == _STATE[
                         victim.exposure.reason] and old.get("for") == ",".join(
                         victim.exposure.for_teams):
                     continue  # already exposed to exactly these, at a value that still works
-                out.append(_exposed(m, c, acc, classes, threat + 1, victim.exposure, now))
+                out.append(_exposed(m, c, acc, classes, low, victim.exposure, now))
                 continue
         if c.override is None:
             current = kueue_priority(w, c)
@@ -1024,8 +1071,13 @@ def compute_plan(
         settings = replace(settings, team_weights=MappingProxyType(kueue_weights))
     acc = account(g, snapshot, settings, now, history)
     scored = score_pending(acc, g, snapshot, settings, now)
+    pools = preempting_pools(g.queues.values())
+    admitted_classes = {m.workload.key: classify(m.workload, m.job)
+                        for m in acc.admitted if m.pool in pools}
+    victims = choose_victims(acc, g, scored, settings, now, admitted_classes)
+    nudge_takers(scored, victims, settings)
     decisions = order(scored)
-    decisions += guard_admitted(acc, g, settings, now, scored)
+    decisions += guard_admitted(acc, g, settings, now, scored, victims, admitted_classes)
     return Plan(
         now=now,
         decisions=tuple(decisions),

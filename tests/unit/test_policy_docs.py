@@ -29,15 +29,15 @@ def test_worked_example() -> None:
     plan = compute_plan(snap, s, NOW)
     got = {d.key: d.target_priority for d in plan.decisions}
     assert got == {
-        "a/pretrain": 1855000, "b/finetune": 535600, "c/eval": 400700, "a/sweep": 358700
+        "a/pretrain": 1861000, "b/finetune": 545600, "c/eval": 414700, "a/sweep": 366700
     }
     assert [d.key for d in plan.decisions] == ["a/pretrain", "b/finetune", "c/eval", "a/sweep"]
     fair = {t: (plan.teams[t].dominant_share, plan.teams[t].level) for t in "abc"}
     assert fair == {"a": (0.25, 29), "b": (0.0625, 43), "c": (0.0, 50)}
     prospective = {d.key: (d.breakdown.dominant_share, d.breakdown.fairness_level)
                    for d in plan.decisions if d.breakdown}
-    assert prospective == {"a/pretrain": (0.3125, 26), "b/finetune": (0.125, 38),
-                           "c/eval": (0.0625, 43), "a/sweep": (0.375, 22)}
+    assert prospective == {"a/pretrain": (0.25, 29), "b/finetune": (0.0625, 43),
+                           "c/eval": (0.0, 50), "a/sweep": (0.3125, 26)}
     # unchanged until the rebase (Monday 00:00 UTC), then every value rises by 604,800
     before = compute_plan(snap, s, NOW + timedelta(days=3, hours=11, minutes=59))
     assert {d.key: d.target_priority for d in before.decisions} == got
@@ -49,9 +49,8 @@ def test_worked_example() -> None:
 def test_worked_example_bound_and_guards() -> None:
     s = Settings()
     n = PriorityClass.NORMAL
-    assert formula_value(n, 0, 44000, 10800 + 40 * 3600, s) == 200300
-    assert formula_value(PriorityClass.APPROVED, 0, 84000, 0, s) == 234000
-    assert math.floor(2 ** -0.25 * 50) == 42  # the idle fourth team's level
+    assert formula_value(n, 0, 52000, 10800 + 40 * 3600, s) == 208300
+    assert formula_value(PriorityClass.APPROVED, 0, 100000, 0, s) == 250000
     assert formula_value(n, 0, 100000, 30 * 86400, s) == 1500 + 100000 + 604800
     assert formula_value(PriorityClass.URGENT, 0, 0, 0, s) > 1500 + 100000 + 604800
     assert s.overtake_window(n) == 100001  # 27 h 47 min

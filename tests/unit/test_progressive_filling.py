@@ -95,11 +95,16 @@ def test_the_drf_papers_example_either_team_first(first: str) -> None:
 
 
 @pytest.mark.parametrize("first", ["team-a", "team-b"])
-@pytest.mark.parametrize("weights", [{"team-a": 2.0}, {"team-b": 0.5}])
-def test_the_drf_papers_example_weighted(first: str, weights: dict[str, float]) -> None:
+@pytest.mark.parametrize(("weights", "answer"), [
+    ({"team-a": 3.0}, {"team-a": 4, "team-b": 1}),
+    ({"team-a": 1.5}, {"team-a": 3, "team-b": 2}),  # ranking a task by the share *after* it
+    ({"team-b": 3.0}, {"team-a": 3, "team-b": 2}),  # would give team-a 4 here
+])
+def test_the_drf_papers_example_weighted(first: str, weights: dict[str, float],
+                                         answer: dict[str, int]) -> None:
     got, drf = _burst(PAPER, PAPER_CAP, first, weights)
+    assert drf == answer  # weighted progressive filling, worked by hand
     assert got == drf
-    assert drf != {"team-a": 3, "team-b": 2}  # the weights change the answer
 
 
 # --------------------------------------------------------------------------------------------

@@ -93,8 +93,10 @@ def test_reclaim_exposes_the_most_recently_started_just_enough() -> None:
         assert d.breakdown.exposure.reason is ExposureReason.RECLAIM
         assert d.breakdown.exposure.for_teams == ("team-b",)
         assert "state=reclaimable for=team-b" in d.terms
-        # team-b's Workloads may preempt it; team-a's own waiting one may not.
-        assert value(plan, "team-b/b0") > d.target_priority > value(plan, "team-a/a-next"), key
+        # team-b's Workloads may preempt it; team-a's own waiting one may not (LowerPriority:
+        # Kueue preempts only strictly lower priorities, so an equal value is safe)
+        assert value(plan, "team-b/b0") > d.target_priority >= value(plan, "team-a/a-next"), key
+        assert "preempts=team-a" in next(x.terms for x in plan.decisions if x.key == "team-b/b0")
     assert not any(d.breakdown and d.breakdown.exposure for d in plan.decisions
                    if d.key not in victims)
 
@@ -206,7 +208,7 @@ def test_team_approval_preempts_the_teams_own_normal_work_only() -> None:
         assert d.breakdown is not None and d.breakdown.exposure is not None
         assert d.breakdown.exposure.reason is ExposureReason.TEAM_APPROVAL
         assert value(plan, "team-a/ok") > d.target_priority
-        assert d.target_priority > max(value(plan, "team-a/a-more"), value(plan, "team-b/b-more"))
+        assert d.target_priority >= max(value(plan, "team-a/a-more"), value(plan, "team-b/b-more"))
     # team-b's running work is guarded above the approved Workload (or untouched below none)
     for d in plan.decisions:
         if d.admitted and d.team == "team-b":
@@ -283,8 +285,8 @@ def test_only_the_allowed_can_preempt_and_a_reclaim_never_favours_a_richer_team(
             d_p = by_key[p.key]
             assert d_p.breakdown is not None
             p_cls = d_p.breakdown.priority_class
-            if max(after[p.key], p.priority or 0) < after[a.key]:
-                continue
+            if max(after[p.key], p.priority or 0) <= after[a.key]:
+                continue  # LowerPriority: Kueue preempts only strictly lower priorities
             if p_cls is PriorityClass.URGENT and a_cls is not PriorityClass.URGENT:
                 continue  # urgent preempts lower classes, as always
             assert exposure is not None, (p.key, a.key)
@@ -369,3 +371,26 @@ def test_with_global_approval_waiting_approved_work_holds_a_normal_reclaim_back(
     assert not exposed(plan_of(items, RECLAIM, teams=teams)[1])
     both = make_settings(reclaim_enabled=True, approved_scope=ApprovedScope.TEAM)
     assert exposed(plan_of(items, both, teams=teams)[1])
+
+
+def test_exposed_value_by_the_queues_preemption_rule() -> None:
+    """LowerPriority: a victim may sit exactly at the highest value that must not take it;
+    LowerOrNewerEqualPriority: one above it (an equal, newer one could take it there)."""
+    items = [*_hog(), waiting("b0", "team-b"), waiting("a-next", "team-a", wait=5 * HOUR)]
+    for within, gap in (("LowerPriority", 0), ("LowerOrNewerEqualPriority", 1)):
+        _, plan = plan_of(items, RECLAIM, cq=queue(within=within))
+        victims = exposed(plan)
+        assert victims, within
+        for d in victims.values():
+            assert d.target_priority == value(plan, "team-a/a-next") + gap, within
+            assert value(plan, "team-b/b0") > d.target_priority
+
+
+def test_a_taker_is_written_one_point_higher_while_it_may_take() -> None:
+    """Kueue retries a parked Workload on a change of its own priority, not of the victim's."""
+    items = [*_hog(), waiting("b0", "team-b")]
+    _, off = plan_of(items, Settings())
+    _, on = plan_of(items, RECLAIM)
+    assert value(on, "team-b/b0") == value(off, "team-b/b0") + 1
+    assert next(d.terms for d in on.decisions if d.key == "team-b/b0").endswith(
+        " preempts=team-a")
