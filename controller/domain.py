@@ -42,6 +42,10 @@ KUEUE_PRIORITY_BOOST_ANNOTATION = "kueue.x-k8s.io/priority-boost"
 HAMI_NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
 HAMI_GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 HAMI_NODE_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+# Kueue's MultiKueue: the AdmissionCheck controller name, and the label Kueue puts on the copies
+# a manager creates on its workers.
+MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
+MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
 
 EMPTY_MAPPING: Mapping[str, str] = MappingProxyType({})
 
@@ -219,6 +223,9 @@ class Workload:
     pod_sets: tuple[PodSet, ...]
     priority: int | None = None  # spec.priority as Kueue has it now
     priority_class_name: str | None = None
+    # Its priority class is a Kueue WorkloadPriorityClass (not a Kubernetes PriorityClass):
+    # MultiKueue forwards a priority change of such a Workload to its remote copy.
+    workload_priority_class: bool = False
     active: bool = True
     quota_reserved: bool = False
     admitted: bool = False
@@ -349,12 +356,26 @@ class ClusterQueue:
     fair_sharing_weight: Decimal | None = None
     # admissionScope.admissionMode == UsageBasedAdmissionFairSharing
     admission_fair_sharing: bool = False
+    # AdmissionCheck names from spec.admissionChecks and spec.admissionChecksStrategy
+    admission_checks: tuple[str, ...] = ()
 
     def nominal(self) -> Resources:
         total: dict[str, Decimal] = {}
         for q in self.quotas:
             total[q.resource] = total.get(q.resource, Decimal(0)) + q.nominal
         return frozen_resources(total)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionCheck:
+    """A Kueue AdmissionCheck: which controller decides it (MULTIKUEUE_CONTROLLER: MultiKueue)."""
+
+    name: str
+    controller_name: str
+
+    @property
+    def multikueue(self) -> bool:
+        return self.controller_name == MULTIKUEUE_CONTROLLER
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +443,7 @@ class ClusterSnapshot:
     jobs: tuple[JobInfo, ...] = ()
     owners: tuple[OwnerInfo, ...] = ()  # Workload owners of other Kueue-integrated kinds
     nodes: tuple[NodeInventory, ...] = ()
+    admission_checks: tuple[AdmissionCheck, ...] = ()
     problems: tuple[InputProblem, ...] = ()  # objects that could not be parsed at all
     # When the state was observed: the live controller's clock, or for a file the newest
     # timestamp in it (kubectl output carries no capture time). None when unknown.

@@ -28,6 +28,7 @@ from controller.domain import (
     KUEUE_GROUP,
     OWNER_KINDS,
     Admission,
+    AdmissionCheck,
     ClusterQueue,
     ClusterSnapshot,
     Container,
@@ -48,6 +49,8 @@ from controller.domain import (
 from controller.quantity import parse_quantity
 
 AFS_MODE = "UsageBasedAdmissionFairSharing"
+# v1beta1 spec.priorityClassSource of a Workload whose class is a WorkloadPriorityClass
+WORKLOAD_PRIORITY_CLASS_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
 SNAPSHOT_SUFFIXES = (".yaml", ".yml", ".json")
 
 
@@ -265,8 +268,10 @@ def parse_workload(obj: Mapping[str, Any]) -> tuple[Workload | None, list[InputP
                 priority = None
         pc_ref = spec.get("priorityClassRef")
         pc_name = spec.get("priorityClassName")
+        wpc = spec.get("priorityClassSource") == WORKLOAD_PRIORITY_CLASS_SOURCE
         if isinstance(pc_ref, Mapping) and isinstance(pc_ref.get("name"), str):
             pc_name = pc_ref["name"]
+            wpc = pc_ref.get("kind") == "WorkloadPriorityClass"
         active = spec.get("active", True)
         if not isinstance(active, bool):
             ctx.problem("spec.active", active, "expected true or false; treated as true")
@@ -305,6 +310,7 @@ def parse_workload(obj: Mapping[str, Any]) -> tuple[Workload | None, list[InputP
             pod_sets=tuple(pod_sets),
             priority=priority,
             priority_class_name=pc_name if isinstance(pc_name, str) else None,
+            workload_priority_class=wpc and isinstance(pc_name, str),
             active=active,
             quota_reserved=quota_reserved,
             admitted=conds.get("Admitted", False),
@@ -403,6 +409,7 @@ def parse_cluster_queue(obj: Mapping[str, Any]) -> tuple[ClusterQueue | None, li
             except ValueError as exc:
                 ctx.problem("spec.fairSharing.weight", fs["weight"], str(exc))
         scope = _map(spec.get("admissionScope"), "spec.admissionScope")
+        checks = _admission_checks(ctx, spec)
         cq = ClusterQueue(
             name=ref.name,
             api_version=_api_version(obj),
@@ -416,11 +423,50 @@ def parse_cluster_queue(obj: Mapping[str, Any]) -> tuple[ClusterQueue | None, li
             ),
             fair_sharing_weight=weight,
             admission_fair_sharing=scope.get("admissionMode") == AFS_MODE,
+            admission_checks=checks,
         )
     except _Bad as bad:
         ctx.problem(bad.field, bad.value, f"{bad.message}; object skipped")
         return None, ctx.problems
     return cq, ctx.problems
+
+
+def _admission_checks(ctx: _Ctx, spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The AdmissionCheck names a ClusterQueue uses: spec.admissionChecks (names) and
+    spec.admissionChecksStrategy.admissionChecks[].name (Kueue accepts one or the other)."""
+    names: list[str] = []
+    for i, name in enumerate(_list(spec.get("admissionChecks"), "spec.admissionChecks")):
+        if isinstance(name, str) and name:
+            names.append(name)
+        else:
+            ctx.problem(f"spec.admissionChecks[{i}]", name, "expected a name; ignored")
+    strategy = _map(spec.get("admissionChecksStrategy"), "spec.admissionChecksStrategy")
+    field = "spec.admissionChecksStrategy.admissionChecks"
+    for i, rule in enumerate(_list(strategy.get("admissionChecks"), field)):
+        name = rule.get("name") if isinstance(rule, Mapping) else None
+        if isinstance(name, str) and name:
+            names.append(name)
+        else:
+            ctx.problem(f"{field}[{i}].name", name, "expected a name; ignored")
+    return tuple(dict.fromkeys(names))
+
+
+def parse_admission_check(
+    obj: Mapping[str, Any],
+) -> tuple[AdmissionCheck | None, list[InputProblem]]:
+    ref, _ = _meta(obj, "AdmissionCheck")
+    ctx = _Ctx(ref)
+    try:
+        if ref.name == "<unnamed>":
+            raise _Bad("metadata.name", "", "missing")
+        spec = _map(obj.get("spec"), "spec", required=True)
+        controller = spec.get("controllerName")
+        if not isinstance(controller, str) or not controller:
+            raise _Bad("spec.controllerName", controller, "expected a controller name")
+    except _Bad as bad:
+        ctx.problem(bad.field, bad.value, f"{bad.message}; object skipped")
+        return None, ctx.problems
+    return AdmissionCheck(ref.name, controller), ctx.problems
 
 
 def _borrow(raw: object) -> str:
@@ -557,6 +603,7 @@ def build_snapshot(docs: Iterable[object]) -> ClusterSnapshot:
     jobs: list[JobInfo] = []
     owners: list[OwnerInfo] = []
     nodes: list[NodeInventory] = []
+    checks: list[AdmissionCheck] = []
     problems: list[InputProblem] = []
     observed: datetime | None = None
     for i, obj in enumerate(iter_items(docs)):
@@ -582,6 +629,10 @@ def build_snapshot(docs: Iterable[object]) -> ClusterSnapshot:
                 c, p = parse_cluster_queue(obj)
                 if c:
                     cqs.append(c)
+            elif group == KUEUE_GROUP and kind == "AdmissionCheck":
+                a, p = parse_admission_check(obj)
+                if a:
+                    checks.append(a)
             elif group == KUEUE_GROUP and kind == "LocalQueue":
                 q, p = parse_local_queue(obj)
                 if q:
@@ -609,6 +660,7 @@ def build_snapshot(docs: Iterable[object]) -> ClusterSnapshot:
         jobs=tuple(jobs),
         owners=tuple(owners),
         nodes=tuple(nodes),
+        admission_checks=tuple(checks),
         problems=tuple(problems),
         observed=observed,
     )

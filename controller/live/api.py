@@ -153,6 +153,7 @@ class Resource:
 WORKLOADS = Resource(KUEUE_GROUP, "v1beta2", "workloads", "Workload")
 CLUSTER_QUEUES = Resource(KUEUE_GROUP, "v1beta2", "clusterqueues", "ClusterQueue", False)
 LOCAL_QUEUES = Resource(KUEUE_GROUP, "v1beta2", "localqueues", "LocalQueue")
+ADMISSION_CHECKS = Resource(KUEUE_GROUP, "v1beta2", "admissionchecks", "AdmissionCheck", False)
 JOBS = Resource("batch", "v1", "jobs", "Job")
 PODS = Resource("", "v1", "pods", "Pod")
 NODES = Resource("", "v1", "nodes", "Node", False)

@@ -144,6 +144,11 @@ class Metrics:
         self.input_problems = Gauge(
             "wdrf_input_problems", "Bad inputs found in the last cycle.", registry=r
         )
+        self.multikueue_skipped = Gauge(
+            "wdrf_multikueue_skipped_workloads",
+            "Workloads left unchanged in the last cycle because MultiKueue would delete or "
+            "overwrite their remote copies (spec mode).", ["cluster_queue"], registry=r,
+        )
 
     def set_labelled(self, gauge: Gauge, values: Mapping[str, float]) -> None:
         """Replace all series of a one-label gauge, so stale teams/queues disappear. Team

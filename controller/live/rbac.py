@@ -45,6 +45,9 @@ def permissions(settings: Settings) -> list[Permission]:
     for res in ("clusterqueues", "localqueues"):
         for verb in ("list", "watch"):
             out.append(Permission(kueue, res, verb, None, "read queues"))
+    for verb in ("list", "watch"):
+        out.append(Permission(kueue, "admissionchecks", verb, None,
+                              "recognise MultiKueue ClusterQueues"))
     for verb in ("get", "list", "watch", "patch"):
         out.append(Permission("batch", "jobs", verb, None,
                               "class annotations; HAMi settings on suspended Jobs"))

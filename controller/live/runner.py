@@ -33,6 +33,7 @@ from controller.accounting import UsageHistory
 from controller.config import CapacitySourceSetting, Settings
 from controller.domain import KueueApiVersion, ObjectRef, QuotaCheck
 from controller.live.api import (
+    ADMISSION_CHECKS,
     CLUSTER_QUEUES,
     JOBS,
     LOCAL_QUEUES,
@@ -73,6 +74,7 @@ from controller.live.snapshot import (
 )
 from controller.live.startup import Discovery
 from controller.live.writer import CycleWriter
+from controller.multikueue import guard_plan
 from controller.plan import (
     Plan,
     PriorityMode,
@@ -93,6 +95,7 @@ SHUTDOWN_GRACE = 25.0  # below the Deployment's terminationGracePeriodSeconds (3
 
 def default_parsers() -> Parsers:
     from controller.parse import (
+        parse_admission_check,
         parse_cluster_queue,
         parse_job,
         parse_local_queue,
@@ -102,7 +105,7 @@ def default_parsers() -> Parsers:
     )
 
     return Parsers(parse_workload, parse_cluster_queue, parse_local_queue, parse_job, parse_node,
-                   parse_owner)
+                   parse_owner, parse_admission_check)
 
 
 @dataclass
@@ -235,6 +238,7 @@ class LiveController:
             "workloads": WatchSpec(self._resource(WORKLOADS)),
             "clusterqueues": WatchSpec(self._resource(CLUSTER_QUEUES)),
             "localqueues": WatchSpec(self._resource(LOCAL_QUEUES)),
+            "admissionchecks": WatchSpec(self._resource(ADMISSION_CHECKS)),
             "jobs": WatchSpec(JOBS, label_selector=JOB_SELECTOR),
             "pods": WatchSpec(PODS, label_selector=POD_SELECTOR),
         }
@@ -339,6 +343,7 @@ class LiveController:
         return self.builder.build(
             inf["workloads"].items(), inf["clusterqueues"].items(), inf["localqueues"].items(),
             jobs, nodes, owners,
+            inf["admissionchecks"].items() if "admissionchecks" in inf else None,
         )
 
     def plan(self, now: datetime) -> tuple[Plan, Built]:
@@ -347,7 +352,12 @@ class LiveController:
         built = self.snapshot()
         snap = dataclasses.replace(built.snapshot, quota_check=self.quota_check,
                                    requeue_timestamp=self.quota_check.requeue_timestamp)
-        return compute_plan(snap, self.settings, now, self.history), built
+        plan = compute_plan(snap, self.settings, now, self.history)
+        if self.mode is None:
+            return plan, built
+        guarded = guard_plan(plan, snap, self.mode.mode)
+        self.metrics.set_labelled(self.metrics.multikueue_skipped, guarded.skipped)
+        return guarded.plan, built
 
     def stale_caches(self) -> tuple[str, ...]:
         """Workload/ClusterQueue caches older than CACHE_MAX_STALENESS ("workloads 130s")."""

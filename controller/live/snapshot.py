@@ -14,6 +14,7 @@ from controller.domain import (
     APPROVED_ANNOTATION,
     PRIORITY_OVERRIDE_ANNOTATION,
     URGENT_ANNOTATION,
+    AdmissionCheck,
     ClusterQueue,
     ClusterSnapshot,
     InputProblem,
@@ -76,6 +77,7 @@ class Parsers:
     job: Parser[JobInfo]
     node: Callable[[JSON], tuple[tuple[NodeInventory, ...], list[InputProblem]]]
     owner: Parser[OwnerInfo] | None = None  # JobSets, RayJobs, ... (controller.live.owners)
+    admission_check: Parser[AdmissionCheck] | None = None  # MultiKueue detection
 
 
 @dataclass
@@ -92,6 +94,8 @@ class SnapshotBuilder:
         self._job = ParseCache(parsers.job)
         self._owner = ParseCache(parsers.owner) if parsers.owner is not None else None
         self._node_parse = parsers.node
+        self._ac = (ParseCache(parsers.admission_check)
+                    if parsers.admission_check is not None else None)
         self._nodes: dict[str, tuple[str, tuple[NodeInventory, ...], tuple[InputProblem, ...]]] = {}
 
     @property
@@ -106,6 +110,7 @@ class SnapshotBuilder:
         jobs: Mapping[str, JSON],
         nodes: list[JSON],
         owners: Mapping[str, JSON] | None = None,  # owner_key(...) -> object
+        admission_checks: list[JSON] | None = None,
     ) -> Built:
         problems: list[InputProblem] = []
         parsed_wls: dict[str, Workload] = {}
@@ -129,6 +134,10 @@ class SnapshotBuilder:
         parsed_owners = (self._parse_all(self._owner, owner_objs, problems)
                          if self._owner is not None else [])
         inventories = self._parse_nodes(nodes, problems)
+        checks: list[AdmissionCheck] = []
+        if self._ac is not None and admission_checks is not None:
+            checks = self._parse_all(self._ac, admission_checks, problems)
+            self._ac.prune(admission_checks)
         self._wl.prune(workloads)
         self._cq.prune(cluster_queues)
         self._lq.prune(local_queues)
@@ -142,6 +151,7 @@ class SnapshotBuilder:
             jobs=tuple(parsed_jobs),
             owners=tuple(parsed_owners),
             nodes=tuple(inventories),
+            admission_checks=tuple(checks),
             problems=tuple(problems),
         )
         return Built(snapshot, parsed_wls)

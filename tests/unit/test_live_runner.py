@@ -615,8 +615,8 @@ def test_class_annotations_on_a_served_jobset_owner_are_read() -> None:
     workload(api, "team-b", "plain", minutes_ago=60)
     c = controller(api, settings())
     assert [r.plural for r in c.owner_resources] == ["jobsets"]
-    assert sorted(c.informers) == ["clusterqueues", "jobs", "localqueues", "owners-jobsets",
-                                   "pods", "workloads"]
+    assert sorted(c.informers) == ["admissionchecks", "clusterqueues", "jobs", "localqueues",
+                                   "owners-jobsets", "pods", "workloads"]
     plan = c.run_cycle(NOW).plan
     d = next(d for d in plan.decisions if d.key == "team-a/jobset-train")
     assert d.breakdown is not None and d.breakdown.priority_class.value == "urgent"

@@ -1,0 +1,115 @@
+"""MultiKueue: which ClusterQueues dispatch to worker clusters, and what must not be written there.
+
+Kueue's MultiKueue copies a manager Workload's metadata and spec onto each worker once, when it
+dispatches it. Afterwards it compares only the specs: a remote copy whose spec differs from the
+manager's is deleted, unless the difference is a priority change of a Workload whose class is a
+WorkloadPriorityClass (that one is forwarded). Annotation changes are never forwarded. Hence:
+
+* manager, spec mode: writing spec.priority of a Workload without a WorkloadPriorityClass would
+  make MultiKueue delete its remote copies (the running one included). Never written.
+* manager, boost mode: the boost orders the manager's queue (dispatch order); a change after
+  dispatch does not reach the workers. Written, and said once per ClusterQueue.
+* worker (a copy carrying the MultiKueue origin label), spec mode: the manager would see the
+  copy's spec differ and delete it or overwrite it. Never written. Boost mode stays effective.
+
+Pure: `guard_plan` turns a plan into one that leaves those Workloads unchanged, with a problem on
+each and a warning per ClusterQueue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from controller.domain import (
+    MULTIKUEUE_ORIGIN_LABEL,
+    ClusterSnapshot,
+    InputProblem,
+    ObjectRef,
+    PriorityMode,
+    Workload,
+)
+from controller.plan import Plan, WorkloadDecision
+
+
+def multikueue_queues(snapshot: ClusterSnapshot) -> Mapping[str, str]:
+    """ClusterQueue name -> the MultiKueue AdmissionCheck it names (the first, by name)."""
+    checks = {a.name for a in snapshot.admission_checks if a.multikueue}
+    out: dict[str, str] = {}
+    for cq in snapshot.cluster_queues:
+        found = sorted(c for c in cq.admission_checks if c in checks)
+        if found:
+            out[cq.name] = found[0]
+    return MappingProxyType(out)
+
+
+def is_remote_copy(workload: Workload) -> bool:
+    """A worker's copy of a manager Workload (MultiKueue labels each copy with its origin)."""
+    return MULTIKUEUE_ORIGIN_LABEL in workload.labels
+
+
+@dataclass(frozen=True, slots=True)
+class Guarded:
+    plan: Plan
+    # ClusterQueue ("-" when none) -> Workloads left unchanged because of MultiKueue
+    skipped: Mapping[str, int]
+
+
+def guard_plan(plan: Plan, snapshot: ClusterSnapshot, mode: PriorityMode) -> Guarded:
+    """The plan with every priority write MultiKueue would undo or turn into a deletion
+    replaced by leave-unchanged, a problem on the decision and a warning naming the
+    ClusterQueue. `mode` is the resolved write mode (BOOST or SPEC)."""
+    queues = multikueue_queues(snapshot)
+    workloads = {w.key: w for w in snapshot.workloads}
+    skipped: dict[str, int] = {}
+    warnings: dict[str, str] = {}
+    decisions: list[WorkloadDecision] = []
+    for d in plan.decisions:
+        wl = workloads.get(d.key)
+        cq = d.cluster_queue or "-"
+        why = _why_not(d, wl, queues.get(cq), mode) if wl is not None else ""
+        if why:
+            skipped[cq] = skipped.get(cq, 0) + 1
+            problem = InputProblem(wl.ref if wl is not None else ObjectRef("Workload", d.key),
+                                   "spec.priority", str(d.current_priority), why)
+            d = dataclasses.replace(d, leave_unchanged=True, problems=(*d.problems, problem))
+        decisions.append(d)
+        if cq in queues and cq not in warnings:
+            warnings[cq] = _queue_warning(cq, queues[cq], mode)
+    if not warnings and not skipped:
+        return Guarded(plan, MappingProxyType({}))
+    for cq, n in sorted(skipped.items()):
+        if cq not in queues:
+            warnings[cq] = (f"MultiKueue: {n} worker copies of manager Workloads in ClusterQueue "
+                            f"{cq} left unchanged (spec mode would make the manager delete or "
+                            "overwrite them; use PRIORITY_MODE=boost on workers)")
+    new = dataclasses.replace(
+        plan, decisions=tuple(decisions),
+        warnings=(*plan.warnings, *(warnings[k] for k in sorted(warnings))))
+    return Guarded(new, MappingProxyType(skipped))
+
+
+def _why_not(d: WorkloadDecision, wl: Workload, check: str | None, mode: PriorityMode) -> str:
+    if mode is not PriorityMode.SPEC or d.leave_unchanged:
+        return ""
+    if is_remote_copy(wl):
+        return ("a MultiKueue worker copy: writing spec.priority would make the manager delete "
+                "or overwrite it; left unchanged (boost mode orders it)")
+    if check is not None and not wl.workload_priority_class:
+        return (f"ClusterQueue {d.cluster_queue} dispatches through MultiKueue (AdmissionCheck "
+                f"{check}): writing spec.priority of a Workload without a WorkloadPriorityClass "
+                "would make MultiKueue delete its copies on the workers; left unchanged")
+    return ""
+
+
+def _queue_warning(cq: str, check: str, mode: PriorityMode) -> str:
+    if mode is PriorityMode.SPEC:
+        return (f"ClusterQueue {cq} dispatches through MultiKueue (AdmissionCheck {check}): "
+                "spec.priority is written only to Workloads with a WorkloadPriorityClass "
+                "(MultiKueue forwards those); the others are left unchanged. The order applies "
+                "to dispatch on this manager, not to the workers' queues")
+    return (f"ClusterQueue {cq} dispatches through MultiKueue (AdmissionCheck {check}): the "
+            "priority-boost annotation orders dispatch on this manager only; MultiKueue does not "
+            "forward a boost change to Workloads already dispatched to workers")
