@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from controller.domain import InputProblem, PriorityClass, PriorityMode, Resources, pool_key
 from controller.usage import UsageHistory
-from controller.workload import TERMS_VERSION, Terms
+from controller.workload import TERMS_VERSION, Terms, change_is_eventful
 
 __all__ = [
     "TERMS_VERSION",
@@ -192,27 +192,6 @@ def parse_terms(text: str | None) -> dict[str, str]:
     return dict(terms) if terms.current else {}
 
 
-# What people act on, with the value a Workload has when nothing was asked for it: a class,
-# an override, a reclaim (the guard's state and the team it is lowered for). The rest of the
-# terms is the encoding (fairness level, aging, the pool's reference), recorded by the
-# annotation alone. An admitted Workload's plain guard is not news either: Kueue says it was
-# admitted.
-_NOTABLE_DEFAULTS = {"class": "normal", "override": "-", "state": "", "for": ""}
-_PLAIN_STATES = frozenset({"", "admitted"})
-
-
-def change_is_eventful(old_terms: str | None, new_terms: str) -> bool:
-    """Whether writing `new_terms` over `old_terms` deserves an Event: a class, override or
-    reclaim change (a first write counts from a normal Workload with no override), not an
-    encoding change (fairness level, aging, a rebase)."""
-    return _notable(parse_terms(old_terms)) != _notable(parse_terms(new_terms))
-
-
-def _notable(terms: Mapping[str, str]) -> dict[str, str]:
-    out = {k: terms.get(k, default) or default for k, default in _NOTABLE_DEFAULTS.items()}
-    if out["state"] in _PLAIN_STATES:
-        out["state"] = ""
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

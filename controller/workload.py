@@ -360,6 +360,41 @@ class PriorityPatch:
     old_terms: str | None  # the terms annotation before this write
 
 
+# What people act on, with the value a Workload has when nothing was asked for it: a class,
+# an override, a reclaim (the guard's state and the team it is lowered for). The rest of the
+# terms is the encoding (fairness level, aging, the pool's reference), recorded by the
+# annotation alone. An admitted Workload's plain guard is not news either: Kueue says it was
+# admitted.
+_NOTABLE_DEFAULTS = {"class": "normal", "override": "-", "state": "", "for": ""}
+_PLAIN_STATES = frozenset({"", "admitted"})
+
+
+def change_is_eventful(old_terms: str | None, new_terms: str) -> bool:
+    """Whether writing `new_terms` over `old_terms` deserves an Event: a class, override or
+    reclaim change (a first write counts from a normal Workload with no override), not an
+    encoding change (fairness level, aging, a rebase)."""
+    return _notable(_current(old_terms)) != _notable(_current(new_terms))
+
+
+def _current(text: str | None) -> Mapping[str, str]:
+    terms = Terms.parse(text)
+    return terms if terms.current else {}
+
+
+def _notable(terms: Mapping[str, str]) -> dict[str, str]:
+    out = {k: terms.get(k, default) or default for k, default in _NOTABLE_DEFAULTS.items()}
+    if out["state"] in _PLAIN_STATES:
+        out["state"] = ""
+    return out
+
+
+def _terms_alone(old: str | None, new: str) -> bool:
+    """Terms are written with the priority; alone only when what people act on changed while
+    the value did not (an exposed Workload that Kueue preempted and whose pending value happens
+    to be the one it had: its terms must not go on saying `state=reclaimable`)."""
+    return bool(new) and old is not None and change_is_eventful(old, new)
+
+
 def priority_patch(wl: Mapping[str, Any], mode: PriorityMode,
                    target: PriorityTarget) -> PriorityPatch | None:
     """The JSON patch (if any) that brings one Workload's priority to the target.
@@ -397,7 +432,8 @@ def _boost_patch(wl: Mapping[str, Any], target: PriorityTarget) -> PriorityPatch
     if BASE_PRIORITY_ANNOTATION in ann and spec_priority(wl) != target.base:
         spec_ops.append({"op": "add", "path": pointer("spec", "priority"),
                          "value": target.base})
-    if not set_ and not remove:
+    old_terms = ann.get(PRIORITY_TERMS_ANNOTATION)
+    if not set_ and not remove and not _terms_alone(old_terms, target.terms):
         return None
     if target.terms:
         set_[PRIORITY_TERMS_ANNOTATION] = target.terms
@@ -437,7 +473,8 @@ def _spec_patch(wl: Mapping[str, Any], target: PriorityTarget) -> PriorityPatch 
     if KUEUE_PRIORITY_BOOST_ANNOTATION in ann:
         ann_ops.append({"op": "remove", "path": pointer(
             "metadata", "annotations", KUEUE_PRIORITY_BOOST_ANNOTATION)})
-    if have == want and not ann_ops:
+    if have == want and not ann_ops and not _terms_alone(
+            ann.get(PRIORITY_TERMS_ANNOTATION), target.terms):
         return None
     terms = target.terms
     if terms and ann.get(PRIORITY_TERMS_ANNOTATION) != terms:

@@ -17,10 +17,10 @@ which name the preemptor; the controller cannot write those.
 * No Workload is preempted twice, no preempted Workload takes its GPU back, and every victim's
   Event from the controller names the light team as the one it was exposed to.
 
-Every Job uses a WorkloadPriorityClass (value 0): Kueue v0.19 retries its inadmissible
-Workloads when an admitted Workload's effective priority changes only for Workloads with a
-WorkloadPriorityClass (`workload.PriorityChanged`); without one, lowering a victim's priority
-leaves the waiting Job untried until some other event requeues the ClusterQueue.
+No Job uses a WorkloadPriorityClass: Kueue v0.19 retries its inadmissible Workloads when an
+admitted Workload's effective priority changes only for Workloads with one
+(`workload.PriorityChanged`), so the controller writes each Workload that may take a victim one
+point higher (`preempts=` in its terms) - its own priority change makes Kueue retry it.
 """
 
 from __future__ import annotations
@@ -97,14 +97,10 @@ def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
                                                   "operator": "In", "values": [heavy, light]}]})
     for ns in (heavy, light):
         kube.create_local_queue(api, ns, "lq", cq)
-    wpc = kube.unique_name("wpc-reclaim")
-    kube.request(api, "POST", kube.kueue_path("workloadpriorityclasses"), {
-        "apiVersion": f"{kube.KUEUE_GROUP}/{kube.KUEUE_VERSION}",
-        "kind": "WorkloadPriorityClass", "metadata": {"name": wpc}, "value": 0})
     wl_of: dict[str, str] = {}  # job name -> Workload name
 
     def submit(ns: str, job: str) -> str:
-        h.create_job(api, ns, job, "lq", requests={GPU: "1"}, priority_class=wpc)
+        h.create_job(api, ns, job, "lq", requests={GPU: "1"})
         wl_of[job] = h.job_workload(api, ns, job)
         return wl_of[job]
 
@@ -171,7 +167,8 @@ def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
             exposed_now = [w["metadata"]["name"] for w in kube.list_workloads(api, heavy)
                            if "state=reclaimable" in (w["metadata"].get("annotations") or {})
                            .get(PRIORITY_TERMS_ANNOTATION, "")]
-            assert not exposed_now, f"exposed beyond the budget: {exposed_now}"
+            assert not exposed_now, f"exposed beyond the budget: {exposed_now}" + "\n".join(
+                kube.describe_workload(w) for w in kube.list_workloads(api, heavy))
 
             # Kueue's own record: each victim preempted once, by a light Workload, by priority.
             light_uids = {w["metadata"]["uid"]: w["metadata"]["name"]
@@ -195,4 +192,3 @@ def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
                 assert any("reclaimable" in m and light in m for m in said), said
     finally:
         h.cleanup(api, [heavy, light], [cq])
-        kube.request(api, "DELETE", kube.kueue_path("workloadpriorityclasses", wpc))

@@ -169,3 +169,25 @@ def test_pool_names_round_trip_for_people() -> None:
     assert pool_label(pool_key("gpu")) == "ClusterQueue gpu"
     assert pool_label(pool_key("gpu", "all")) == "cohort all"
     assert pool_label("") == "the pool"
+
+
+def test_terms_alone_are_written_when_what_people_act_on_changed() -> None:
+    """A preempted victim whose pending value equals the value it had exposed: the terms must
+    stop saying it is reclaimable, though the priority stays."""
+    from controller.domain import PriorityMode
+    from controller.workload import PriorityTarget, priority_patch
+
+    old = ("v2 class=normal team=a pool=cq/cq state=reclaimable for=b over=2.00 override=- "
+           "priority=29500")
+    new = ("v2 class=normal team=a pool=cq/cq level=20/50 fair=40000 since=2026-01-01T00:00:00Z "
+           "ref=2025-12-29T00:00:00Z base=0 override=- priority=29500 reclaimed-for=b")
+    wl = {"metadata": {"name": "w", "namespace": "a", "uid": "u", "annotations": {
+        "kueue.x-k8s.io/priority-boost": "29500", "wdrf.x-k8s.io/priority-terms": old}},
+        "spec": {"priority": 0}}
+    patch = priority_patch(wl, PriorityMode.BOOST, PriorityTarget(0, 29500, 29500, new))
+    assert patch is not None
+    assert any(op.get("value") == new for op in patch.ops)
+    # only the encoding changed: nothing is written
+    wl["metadata"]["annotations"]["wdrf.x-k8s.io/priority-terms"] = new
+    assert priority_patch(wl, PriorityMode.BOOST, PriorityTarget(
+        0, 29500, 29500, new.replace("level=20/50", "level=21/50"))) is None
