@@ -190,7 +190,10 @@ def check_goals(records: Sequence[RunRecord], loop_interval: float,
         for bucket in ("1gpu", "2-8gpu", ">8gpu"):
             metric = f"normal_{bucket}_max"
             w, f = estimate(records, wdrf, metric), estimate(records, FIFO, metric)
-            good = w.mean <= f.mean
+            if w.n == 0 and f.n == 0:
+                parts.append(f"{bucket}: no normal jobs of that size")
+                continue
+            good = w.mean <= f.mean  # NaN (none of them started) is not good
             ok = ok and good
             parts.append(f"{bucket}: {wdrf} {w.fmt(_h)} vs FIFO {f.fmt(_h)}")
         out.append(Goal(f"starvation ({where}): normal max wait per size bucket ≤ FIFO's", ok,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -106,6 +107,9 @@ def test_goals_one_shared_cluster_queue() -> None:
     assert _met(recs, "urgent") is True  # 65 s <= 60 s + 10 s
     assert _met(recs, "cost") is False  # 3.5 writes per job
     assert _met(recs, "starvation") is True
+    # a size bucket with no normal jobs in any run is not a failure
+    empty = [replace(r, metrics={**r.metrics, "normal_>8gpu_max": math.nan}) for r in recs]
+    assert _met(empty, "starvation") is True
     assert _met(recs, "disruption") is False  # 2 % lost > 1 %
     better = [replace(r, metrics={**r.metrics, "worst_team_ratio": 0.75 + 0.01 * r.seed})
               if r.policy == "WDRF" else r for r in recs]
