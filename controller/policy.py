@@ -650,13 +650,9 @@ class _Exposer:
 
     def candidates(self, holders: Iterable[Member], cls: PriorityClass,
                    reason: ExposureReason) -> list[Member]:
-        state = _STATE[reason]
-
-        def key(m: Member) -> tuple[bool, float, str]:
-            old = parse_terms(m.workload.annotations.get(PRIORITY_TERMS_ANNOTATION))
+        def key(m: Member) -> tuple[float, str]:
             started = m.workload.reserved_since
-            return (old.get("state") != state, -(started.timestamp() if started else 0.0),
-                    m.workload.uid)
+            return (-(started.timestamp() if started else 0.0), m.workload.uid)
 
         out = [m for m in holders if m.workload.key not in self.out
                and (c := self.classes.get(m.workload.key)) is not None
@@ -883,8 +879,12 @@ def guard_admitted(
             current = kueue_priority(w, c)
             threat = max((threats.get((m.pool, p), INT32_MIN - 1) for p in protected_from[cls]),
                          default=INT32_MIN - 1)
-            if threat < current and current != classes.guard[cls]:
+            was_exposed = parse_terms(w.annotations.get(PRIORITY_TERMS_ANNOTATION)).get(
+                "state") in _STATE.values()
+            if threat < current and current != classes.guard[cls] and not was_exposed:
                 continue  # nothing can preempt it yet: no write
+            # (an exposure no longer chosen is guarded at once: its low value would invite
+            # the next waiting Workload to take it)
         key = (cls, m.team, m.pool, c.base, c.override)
         hit = shared.get(key)
         if hit is None:
