@@ -16,6 +16,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from controller.config import Settings, load_settings
+from controller.domain import PRIORITY_TERMS_ANNOTATION
 from controller.live.kube import KubeTransport
 from controller.live.runner import CycleReport, LiveController
 from controller.plan import WorkloadDecision
@@ -222,3 +223,13 @@ class MethodCounter:
 
     def writes(self) -> list[str]:
         return [m for m in self.methods if m != "GET"]
+
+
+def dump_workloads(api: k8s.ApiClient, namespaces: list[str]) -> str:
+    """Each Workload's state, effective priority and terms (for a failure's message)."""
+    lines = []
+    for ns in namespaces:
+        for w in kube.list_workloads(api, ns):
+            ann = w["metadata"].get("annotations") or {}
+            lines.append(f"{kube.describe_workload(w)} terms={ann.get(PRIORITY_TERMS_ANNOTATION)}")
+    return "\n".join(lines)

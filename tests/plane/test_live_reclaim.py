@@ -76,15 +76,6 @@ def since(wl: kube.Obj, cond: str) -> datetime:
     return ts(c["lastTransitionTime"])
 
 
-def dump(api: k8s.ApiClient, namespaces: list[str]) -> str:
-    """Each Workload's state, effective priority and terms (for a failure's message)."""
-    lines = []
-    for ns in namespaces:
-        for w in kube.list_workloads(api, ns):
-            ann = w["metadata"].get("annotations") or {}
-            lines.append(f"{kube.describe_workload(w)} terms={ann.get(PRIORITY_TERMS_ANNOTATION)}")
-    return "\n".join(lines)
-
 
 def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
     api: k8s.ApiClient, kubeconfig: Path,
@@ -133,7 +124,7 @@ def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
                 time.sleep(0.5)
 
             kube.wait_for(lambda: preempted(api, heavy), 30, "Kueue to preempt a heavy Job",
-                          lambda: dump(api, [heavy, light]))
+                          lambda: h.dump_workloads(api, [heavy, light]))
             kube.wait_for_workload_condition(api, light, first, "QuotaReserved", timeout=30)
             time.sleep(3 * LOOP)  # a few more cycles: nothing else may be preempted
             victims = preempted(api, heavy)
@@ -153,7 +144,8 @@ def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
             time.sleep(1.1)  # distinct creation times: one order for the team and for Kueue
             more.append(submit(light, "light-2"))
             kube.wait_for(lambda: len(preempted(api, heavy)) >= 2, 30,
-                          "Kueue to preempt a second heavy Job", lambda: dump(api, [heavy, light]))
+                          "Kueue to preempt a second heavy Job",
+                          lambda: h.dump_workloads(api, [heavy, light]))
             time.sleep(5 * LOOP)  # several cycles: the budget allows no third
             victims = preempted(api, heavy)
             assert len(victims) == BUDGET, sorted(victims)
@@ -180,7 +172,8 @@ def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
             uids = {w["metadata"]["uid"]: f"{ns}/{w['metadata']['name']}"
                     for ns in (heavy, light) for w in kube.list_workloads(api, ns)}
             back = [(v, uids.get(p, p)) for v, p, _ in kueue_preemptions(api, light)]
-            assert not back, f"light Workloads preempted: {back}\n{dump(api, [heavy, light])}"
+            assert not back, (f"light Workloads preempted: {back}\n"
+                              f"{h.dump_workloads(api, [heavy, light])}")
             for v in (v1, v2):
                 wl = kube.get_workload(api, heavy, v)
                 assert kube.has_condition(wl, "Evicted") and kube.is_pending(wl), (

@@ -42,14 +42,6 @@ def preemptions(api: k8s.ApiClient, ns: str) -> list[tuple[str, str]]:
     return out
 
 
-def dump(api: k8s.ApiClient, namespaces: list[str]) -> str:
-    lines = []
-    for ns in namespaces:
-        for w in kube.list_workloads(api, ns):
-            ann = w["metadata"].get("annotations") or {}
-            lines.append(f"{kube.describe_workload(w)} terms={ann.get(PRIORITY_TERMS_ANNOTATION)}")
-    return "\n".join(lines)
-
 
 @pytest.mark.parametrize("shared", [False, True], ids=["alone", "shared"])
 def test_approval_preempts_the_teams_own_normal_job_only(
@@ -88,24 +80,24 @@ def test_approval_preempts_the_teams_own_normal_job_only(
                 api, ns, wl[f"{ns}/wait"])["metadata"].get("annotations") or {})
                 for ns in teams), 30, "the waiting Jobs' priorities")
             time.sleep(3)  # a few cycles and scheduling passes: same class, nothing preempted
-            assert not any(preemptions(api, ns) for ns in teams), dump(api, teams)
+            assert not any(preemptions(api, ns) for ns in teams), h.dump_workloads(api, teams)
 
             kube.request(api, "PATCH", f"/apis/batch/v1/namespaces/{t}/jobs/wait",
                          {"metadata": {"annotations": {APPROVED_ANNOTATION: "true"}}})
             approved = kube.wait_for(
                 lambda: (lambda w: w if kube.has_condition(w, "QuotaReserved") else None)(
                     kube.get_workload(api, t, wl[f"{t}/wait"])),
-                60, "Kueue to admit the approved Job", lambda: dump(api, teams))
+                60, "Kueue to admit the approved Job", lambda: h.dump_workloads(api, teams))
             time.sleep(3)  # a few more cycles: nothing else may be preempted
             got = {ns: preemptions(api, ns) for ns in teams}
             assert got[t] == [(wl[f"{t}/run-1"], approved["metadata"]["uid"])], (
-                f"{got}\n{dump(api, teams)}")
+                f"{got}\n{h.dump_workloads(api, teams)}")
             victim = kube.get_workload(api, t, wl[f"{t}/run-1"])
             assert kube.has_condition(victim, "Preempted") and kube.is_pending(victim)
             assert kube.has_condition(kube.get_workload(api, t, wl[f"{t}/run-0"]),
                                       "QuotaReserved")
             if u is not None:
-                assert not got[u], f"{got}\n{dump(api, teams)}"
+                assert not got[u], f"{got}\n{h.dump_workloads(api, teams)}"
                 assert all(kube.has_condition(kube.get_workload(api, u, wl[f"{u}/{j}"]),
                                               "QuotaReserved") for j in ("run-0", "run-1"))
                 h.wait_pending(api, u, wl[f"{u}/wait"])

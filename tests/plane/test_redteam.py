@@ -703,11 +703,8 @@ def _exists(api: k8s.ApiClient, path: str) -> bool:
 # S7: the params ConfigMap's failure modes
 
 
-def test_s7_params_are_guarded_and_their_absence_locks_out_neither_kueue_nor_the_controller(
-        admin: k8s.ApiClient, spaces: tuple[str, str], people: dict[str, k8s.ApiClient],
-        controller: k8s.ApiClient) -> None:
-    a, _ = spaces
-    # Someone who may edit ConfigMaps in kueue-system but is not a WDRF admin.
+def configmap_editor(admin: k8s.ApiClient) -> k8s.ApiClient:
+    """opal: may edit ConfigMaps in kueue-system, and is no WDRF admin."""
     ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                 "metadata": {"name": "redteam-cm-editor", "namespace": NS},
                 "rules": [{"apiGroups": [""], "resources": ["configmaps"],
@@ -719,6 +716,15 @@ def test_s7_params_are_guarded_and_their_absence_locks_out_neither_kueue_nor_the
                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
                               "name": "opal"}]})
     opal = kube.impersonating_client(admin, "opal", [])
+    return opal
+
+
+def test_s7_params_are_guarded_and_their_absence_locks_out_neither_kueue_nor_the_controller(
+        admin: k8s.ApiClient, spaces: tuple[str, str], people: dict[str, k8s.ApiClient],
+        controller: k8s.ApiClient) -> None:
+    a, _ = spaces
+    # Someone who may edit ConfigMaps in kueue-system but is not a WDRF admin.
+    opal = configmap_editor(admin)
     refused(lambda: patch(opal, PARAMS, {"data": {"adminGroups": "system:authenticated"}}),
             "only members of its adminGroups", "user opal")
     refused(lambda: kube.request(opal, "DELETE", PARAMS), "user opal")
@@ -1007,17 +1013,7 @@ def test_the_controllers_config_maps_are_writable_only_by_admins(
     history. A history with a bad timestamp (an admin's typo) is dropped with an Event, and
     the cycle writes as usual."""
     cms = f"/api/v1/namespaces/{NS}/configmaps"
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": "redteam-cm-editor", "namespace": NS},
-                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                           "verbs": ["get", "create", "update", "patch", "delete"]}]})
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "redteam-cm-editor", "namespace": NS},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                            "name": "redteam-cm-editor"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                              "name": "opal"}]})
-    opal = kube.impersonating_client(admin, "opal", [])
+    opal = configmap_editor(admin)
     config = next(o["metadata"]["name"] for o in installed if o["kind"] == "ConfigMap"
                   and o["metadata"]["name"].startswith("wdrf-controller-config"))
     refused(lambda: patch(opal, f"{cms}/{config}", {"data": {
