@@ -442,22 +442,22 @@ def score_pending(
         if not blocking:
             teams.setdefault((m.pool, m.team), []).append(s)
     demands = _Demands(acc)
+    classes = _ClassTerms(settings)
     for (pool, team), queue in teams.items():
         queue.sort(key=_team_order_key)
-        _score_team(pool, team, queue, acc, demands, settings, now)
+        _score_team(pool, team, queue, acc, demands, classes, settings, now)
     return out
 
 
 def _score_team(
     pool: str, team: str, queue: list[Scored], acc: Accounts, demands: _Demands,
-    settings: PolicySettings, now: datetime,
+    classes: _ClassTerms, settings: PolicySettings, now: datetime,
 ) -> None:
     """Progressive filling over one team's queue in one pool (already in team order)."""
     ref = reference(now, settings.rebase_period)
     ref_ts, ref_iso = ref.timestamp(), iso(ref)
     now_ts = now.timestamp()
     levels = settings.fairness_levels
-    classes = _ClassTerms(settings)
     cap = acc.capacity.get(pool, {})
     total = acc.total_weight.get(pool, 0.0)
     tw = team_weight(team, settings)
