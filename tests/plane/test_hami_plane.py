@@ -238,7 +238,10 @@ def test_capacity_source_hami_reads_the_registered_cards_and_drops_an_unhealthy_
         flavor_gpu = f"{arm.flavor}:{GPU}"
         c = h.new_controller(hplane.kubeconfig, h.live_settings(**settings_env()))
         with h.started(c):
-            cap = h.converge(c).plan.teams[hns].capacity[flavor_gpu]
+            # the team shows in the plan once the informers have its Workload
+            cap = kube.wait_for(lambda: (lambda t: t[hns].capacity[flavor_gpu] if hns in t
+                                         else None)(h.converge(c).plan.teams), 30,
+                                "the team's Workload in the controller's plan")
             assert cap == len(ids), cap
 
             sick = cards[1]

@@ -131,7 +131,7 @@ SETTINGS = h.live_settings(AGING_COEFFICIENT="1", RESOURCE_WEIGHTS=f"{{{GPU}: 1}
 SINGLE_CQ = Scenario("single-cq", teams=4, gpus=6, kueue=KUEUE, jobs=(
     J("a0-n4", 0, 0, 20, 4), J("a1-n2", 0, 2, 22, 2),
     J("b0-n2", 1, 4, 19, 2), J("c0-n1", 2, 6, 15, 1), J("a2-n1", 0, 8, 19, 1),
-    J("d0-n4", 3, 10, 7, 4), J("b1-a1", 1, 12, 11, 1, A), J("c1-n2", 2, 14, 15, 2),
+    J("d0-n4", 3, 10, 11, 4), J("b1-a1", 1, 12, 11, 1, A), J("c1-n2", 2, 14, 11, 2),
     J("a3-u2", 0, 16, 7, 2, U), J("d1-n1", 3, 18, 11, 1),
 ))
 
