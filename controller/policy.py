@@ -648,8 +648,7 @@ class _Exposer:
             left = self.budget[pool] = max(0, self.settings.reclaim_budget_per_hour - recent)
         return left
 
-    def candidates(self, holders: Iterable[Member], cls: PriorityClass,
-                   reason: ExposureReason) -> list[Member]:
+    def candidates(self, holders: Iterable[Member], cls: PriorityClass) -> list[Member]:
         def key(m: Member) -> tuple[float, str]:
             started = m.workload.reserved_since
             return (-(started.timestamp() if started else 0.0), m.workload.uid)
@@ -687,7 +686,7 @@ class _Exposer:
                         and s.member.team == team and s.member.cluster_queue == cq)
 
             for m in self.candidates((h for h in holders if h.team == team),
-                                     PriorityClass.NORMAL, ExposureReason.TEAM_APPROVAL):
+                                     PriorityClass.NORMAL):
                 if covered >= need:
                     break
                 self.out[m.workload.key] = Victim(exposure, allowed, team, cq, self.strict)
@@ -714,8 +713,7 @@ class _Exposer:
                 if _fits(demand, free):
                     continue
                 need, covered, left = _size(demand, cap), 0.0, us_v
-                for m in self.candidates((h for h in holders if h.team == team), cls,
-                                         ExposureReason.RECLAIM):
+                for m in self.candidates((h for h in holders if h.team == team), cls):
                     started = m.workload.reserved_since
                     if covered >= need or self.budget_left(pool) <= 0:
                         break
@@ -842,8 +840,8 @@ def guard_admitted(
     the runner writes guards first). Until then, and once guarded, nothing is written: most
     Workloads are admitted before anything outranks them. A victim (`choose_victims`) is
     written just above every pending Workload that must not preempt it instead, while some
-    allowed one stands above that."""
-    pools = preempting_pools(g.queues.values())
+    allowed one stands above that. `admitted_classes` holds exactly the admitted Workloads of
+    pools where preemption can reach them."""
     classes = _ClassTerms(settings)
     protected_from = _protected_from(settings)
     threats = pending_threats(scored)
@@ -852,10 +850,10 @@ def guard_admitted(
     shared: dict[tuple[object, ...], tuple[PriorityBreakdown, str, int, str]] = {}
     out: list[WorkloadDecision] = []
     for m in acc.admitted:
-        if m.pool not in pools:
-            continue
         w = m.workload
-        c = admitted_classes[w.key]
+        c = admitted_classes.get(w.key)
+        if c is None:
+            continue  # preemption cannot reach its pool
         if c.blocking:
             out.append(_unchanged(m, c, c.problems, admitted=True, rank=-1))
             continue
