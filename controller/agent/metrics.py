@@ -99,7 +99,14 @@ class AgentCollector(Collector):
                 "wdrf_gpu_memory_total_bytes", "Device memory", labels=GPU_LABELS
             ),
             "memory_used": GaugeMetricFamily(
-                "wdrf_gpu_memory_used_bytes", "Device memory in use", labels=GPU_LABELS
+                "wdrf_gpu_memory_used_bytes",
+                "Device memory in use, without the driver's reservation (as nvidia-smi)",
+                labels=GPU_LABELS,
+            ),
+            "memory_reserved": GaugeMetricFamily(
+                "wdrf_gpu_memory_reserved_bytes",
+                "Device memory the driver reserves for itself",
+                labels=GPU_LABELS,
             ),
             "util": GaugeMetricFamily(
                 "wdrf_gpu_utilization_ratio",
@@ -137,6 +144,7 @@ class AgentCollector(Collector):
             values: dict[str, float | None] = {
                 "memory_total": s.memory_total_bytes,
                 "memory_used": s.memory_used_bytes,
+                "memory_reserved": s.memory_reserved_bytes,
                 "util": None if s.utilization_gpu_pct is None else s.utilization_gpu_pct / 100,
                 "mem_util": (
                     None if s.utilization_memory_pct is None else s.utilization_memory_pct / 100

@@ -30,6 +30,15 @@ _UNAVAILABLE = frozenset(
         pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
     }
 )
+# A driver without nvmlDeviceGetMemoryInfo_v2 (or with another struct version) answers these;
+# the agent then reads v1, whose "used" includes the driver's reservation.
+_NO_MEMORY_V2 = frozenset(
+    {
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    }
+)
 MAX_EVENTS_PER_POLL = 1000
 
 
@@ -75,7 +84,8 @@ class GpuSample:
     uuid: str
     model: str = ""
     memory_total_bytes: int | None = None
-    memory_used_bytes: int | None = None
+    memory_used_bytes: int | None = None  # as nvidia-smi shows it: without the reservation
+    memory_reserved_bytes: int | None = None  # the driver's own; None where NVML lacks v2
     utilization_gpu_pct: int | None = None
     utilization_memory_pct: int | None = None
     temperature_c: int | None = None
@@ -102,6 +112,17 @@ class _Fields:
     def __init__(self) -> None:
         self.errors: list[str] = []
 
+    def memory(self, what: str, handle: Any) -> Any:
+        """Memory info v2, whose ``used`` leaves out what the driver reserves (480 MiB on an
+        H100 with driver 580, where v1 reports it as used); v1 on drivers without v2."""
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        except pynvml.NVMLError as e:
+            if e.value not in _NO_MEMORY_V2:
+                self.errors.append(f"NVML error reading {what}: {nvml_error_text(e)}")
+                return None
+        return self.get(what, pynvml.nvmlDeviceGetMemoryInfo, handle)
+
     def get(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
         try:
             return fn(*args)
@@ -110,6 +131,10 @@ class _Fields:
                 return None
             self.errors.append(f"NVML error reading {what}: {nvml_error_text(e)}")
             return None
+
+
+def _reserved(memory: Any) -> int | None:
+    return int(memory.reserved) if isinstance(memory, pynvml.c_nvmlMemory_v2_t) else None
 
 
 def _profile(name: str) -> str:
@@ -179,7 +204,7 @@ class NvmlReader:
         f = _Fields()
         uuid = f.get("UUID", pynvml.nvmlDeviceGetUUID, handle)
         name = f.get("name", pynvml.nvmlDeviceGetName, handle)
-        memory = f.get("memory", pynvml.nvmlDeviceGetMemoryInfo, handle)
+        memory = f.memory("memory", handle)
         util = f.get("utilization", pynvml.nvmlDeviceGetUtilizationRates, handle)
         temp = f.get(
             "temperature", pynvml.nvmlDeviceGetTemperature, handle, pynvml.NVML_TEMPERATURE_GPU
@@ -201,6 +226,7 @@ class NvmlReader:
             model=_text(name) if name else "",
             memory_total_bytes=int(memory.total) if memory is not None else None,
             memory_used_bytes=int(memory.used) if memory is not None else None,
+            memory_reserved_bytes=_reserved(memory),
             utilization_gpu_pct=int(util.gpu) if util is not None else None,
             utilization_memory_pct=int(util.memory) if util is not None else None,
             temperature_c=int(temp) if temp is not None else None,
@@ -223,7 +249,7 @@ class NvmlReader:
                 continue
             uuid = f.get(f"MIG {slot} UUID", pynvml.nvmlDeviceGetUUID, mig)
             name = f.get(f"MIG {slot} name", pynvml.nvmlDeviceGetName, mig)
-            memory = f.get(f"MIG {slot} memory", pynvml.nvmlDeviceGetMemoryInfo, mig)
+            memory = f.memory(f"MIG {slot} memory", mig)
             out.append(
                 MigSample(
                     uuid=_text(uuid) if uuid else f"unknown-mig-{slot}",

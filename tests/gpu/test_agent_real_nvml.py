@@ -235,6 +235,27 @@ def _shape(value: Any) -> Any:
     return type(value).__name__
 
 
+def _fn(name: str) -> Any:
+    """The pynvml function of a query name; ``..._v2`` is the same function given a version
+    (looked up at call time, so the fake installed on pynvml answers once installed)."""
+    return getattr(pynvml, name.removesuffix("_v2"))
+
+
+def test_v1_counts_the_drivers_reservation_as_used_and_v2_does_not(
+    reader: NvmlReader, smi: list[SmiGpu]
+) -> None:
+    """Why the agent reads v2: v1's ``used`` = v2's ``used`` + ``reserved``, and nvidia-smi
+    shows v2's. Measured on an H100 (driver 580): v1 480 MiB, nvidia-smi 0 MiB at idle."""
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    v1 = pynvml.nvmlDeviceGetMemoryInfo(handle)
+    v2 = pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    assert v1.total == v2.total
+    assert abs(int(v1.used) - (int(v2.used) + int(v2.reserved))) <= 64 * MIB
+    sample = next(s for s in reader.read() if s.index == 0)
+    assert sample.memory_reserved_bytes is not None
+    assert abs(sample.memory_reserved_bytes - int(v2.reserved)) <= 64 * MIB
+
+
 def test_the_fake_answers_in_the_real_libraries_shapes(
     reader: NvmlReader, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -245,12 +266,13 @@ def test_the_fake_answers_in_the_real_libraries_shapes(
         "nvmlDeviceGetUUID": (),
         "nvmlDeviceGetName": (),
         "nvmlDeviceGetMemoryInfo": (),
+        "nvmlDeviceGetMemoryInfo_v2": (pynvml.nvmlMemory_v2,),
         "nvmlDeviceGetUtilizationRates": (),
         "nvmlDeviceGetTemperature": temperature,
         "nvmlDeviceGetPowerUsage": (),
         "nvmlDeviceGetTotalEccErrors": ecc,
     }
-    real = {n: _call(getattr(pynvml, n), real_handle, *args) for n, args in queries.items()}
+    real = {n: _call(_fn(n), real_handle, *args) for n, args in queries.items()}
     real["nvmlSystemGetDriverVersion"] = _call(pynvml.nvmlSystemGetDriverVersion)
     real_mig = _call(pynvml.nvmlDeviceGetMigMode, real_handle)
     real_wait = _call(pynvml.nvmlEventSetWait, pynvml.nvmlEventSetCreate(), 1)
@@ -270,7 +292,7 @@ def test_the_fake_answers_in_the_real_libraries_shapes(
     fake.install(monkeypatch.setattr)
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    faked = {name: _call(getattr(pynvml, name), handle, *args) for name, args in queries.items()}
+    faked = {name: _call(_fn(name), handle, *args) for name, args in queries.items()}
     faked["nvmlSystemGetDriverVersion"] = _call(pynvml.nvmlSystemGetDriverVersion)
     fake_mig = _call(pynvml.nvmlDeviceGetMigMode, handle)
     fake_wait = _call(pynvml.nvmlEventSetWait, pynvml.nvmlEventSetCreate(), 1)

@@ -40,7 +40,9 @@ class FakeGpu:
     uuid: str
     name: str = H100
     memory_total: int = H100_BYTES
-    memory_used: int = 0
+    memory_used: int = 0  # by applications (v2's used; v1 adds memory_reserved)
+    memory_reserved: int = 0  # the driver's own (real H100, driver 580: 480 MiB)
+    memory_v2: bool = True  # False: a driver without nvmlDeviceGetMemoryInfo_v2
     util_gpu: int = 0
     util_memory: int = 0
     temperature: int = 40
@@ -130,13 +132,23 @@ class FakeNvml:
         return f"{gpu.name} MIG {mig.profile}" if mig else gpu.name
 
     def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: Any = None) -> Any:
+        """v1 without ``version`` (used includes the reservation), v2 with it, as the real."""
         gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")
         mig = self._mig(handle)
-        info = pynvml.c_nvmlMemory_t()
-        info.total = mig.memory_total if mig else gpu.memory_total
-        info.used = mig.memory_used if mig else gpu.memory_used
-        info.free = info.total - info.used
-        return info
+        total = mig.memory_total if mig else gpu.memory_total
+        used = mig.memory_used if mig else gpu.memory_used
+        reserved = 0 if mig else gpu.memory_reserved
+        if not version:
+            info = pynvml.c_nvmlMemory_t()
+            info.total, info.used = total, used + reserved
+            info.free = total - used - reserved
+            return info
+        if not gpu.memory_v2:
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        info2 = pynvml.c_nvmlMemory_v2_t()
+        info2.version, info2.total, info2.reserved, info2.used = version, total, reserved, used
+        info2.free = total - used - reserved
+        return info2
 
     def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> Any:
         gpu = self._gpu(handle, "nvmlDeviceGetUtilizationRates")

@@ -22,10 +22,11 @@ from controller.agent.metrics import new_registry, render
 from controller.agent.nvml import GpuSample, NoDriverError, NvmlReader, NvmlReadError
 from controller.agent.runner import Agent, AgentConfig
 from controller.inventory import encode_agent_inventory
-from tests.support.fakenvml import H100, H100_BYTES, FakeGpu, FakeMig, FakeNvml, h100s
+from tests.support.fakenvml import GIB, H100, H100_BYTES, FakeGpu, FakeMig, FakeNvml, h100s
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 A100 = "NVIDIA A100-SXM4-40GB"
+MIB = 1024 * 1024
 
 
 def test_the_real_pynvml_is_imported() -> None:
@@ -114,6 +115,28 @@ def test_one_gpu_inventory_and_metrics(fake: FakeNvml) -> None:
     assert value(m, "wdrf_gpu_xid_errors_total", **gpu) == 0
     assert value(m, "wdrf_gpus") == 1 and value(m, "wdrf_gpus_healthy") == 1
     assert value(m, "wdrf_gpu_last_read_timestamp_seconds") == NOW.timestamp()
+
+
+@pytest.mark.parametrize("driver_has_v2", [True, False])
+def test_memory_in_use_leaves_out_the_drivers_reservation(
+    fake: FakeNvml, driver_has_v2: bool
+) -> None:
+    """NVML's v1 memory info counts the driver's reservation as used (480 MiB on a real idle
+    H100, where nvidia-smi shows 0); the agent reads v2 and falls back to v1 without it."""
+    fake.gpus = [
+        FakeGpu("GPU-aaaa", memory_used=GIB, memory_reserved=480 * MIB, memory_v2=driver_has_v2)
+    ]
+    agent, registry = make_agent()
+    agent.step()
+    m = samples(render(registry))
+    gpu = {"uuid": "GPU-aaaa", "index": "0"}
+    if driver_has_v2:
+        assert value(m, "wdrf_gpu_memory_used_bytes", **gpu) == GIB
+        assert value(m, "wdrf_gpu_memory_reserved_bytes", **gpu) == 480 * MIB
+    else:
+        assert value(m, "wdrf_gpu_memory_used_bytes", **gpu) == GIB + 480 * MIB
+        assert value(m, "wdrf_gpu_memory_reserved_bytes", **gpu) is None
+    assert value(m, "wdrf_gpu_healthy", **gpu) == 1
 
 
 def test_eight_gpus(fake: FakeNvml) -> None:
