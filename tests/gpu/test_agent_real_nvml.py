@@ -16,6 +16,7 @@ import csv
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
@@ -157,6 +158,50 @@ def test_readings_agree_with_nvidia_smi(reader: NvmlReader, smi: list[SmiGpu]) -
             assert low_w * 0.7 - 10 <= s.power_w <= high_w * 1.3 + 10, (s.power_w, low_w, high_w)
         if before.ecc_uncorrected is not None:
             assert s.ecc_uncorrected == before.ecc_uncorrected
+
+
+# A child process that holds 2 GiB of device memory through the driver API (libcuda ships with
+# every NVIDIA driver; no CUDA toolkit or framework needed).
+HOLD_2_GIB = """
+import ctypes, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), 2 << 30) == 0
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+def _used_mib(reader: NvmlReader) -> float:
+    sample = next(s for s in reader.read() if s.index == 0)
+    assert sample.memory_used_bytes is not None
+    return sample.memory_used_bytes / MIB
+
+
+def test_memory_a_process_takes_shows_as_used(reader: NvmlReader) -> None:
+    idle = _used_mib(reader)
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD_2_GIB],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "holding"
+        held = _used_mib(reader)
+        smi_held = next(g for g in nvidia_smi() if g.index == 0).memory_used_mib
+    finally:
+        child.communicate("", timeout=60)
+    assert held - idle >= 2048, (idle, held)  # the 2 GiB, plus the context's own memory
+    assert abs(held - smi_held) <= 64, (held, smi_held)
+    deadline = time.monotonic() + 30
+    while _used_mib(reader) > idle + 64 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _used_mib(reader) <= idle + 64  # freed when the process ends
 
 
 def test_metrics_on_a_real_gpu(smi: list[SmiGpu]) -> None:
