@@ -170,7 +170,7 @@ assert cuda.cuInit(0) == 0
 assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
 assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
 assert cuda.cuCtxSetCurrent(ctx) == 0
-assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), 2 << 30) == 0
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(2 << 30)) == 0
 print("holding", flush=True)
 sys.stdin.read()
 """
