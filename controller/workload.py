@@ -353,11 +353,29 @@ class PriorityTarget:
     terms: str = ""  # the priority-terms annotation to write with it ("" = none)
 
 
+_ANNOTATIONS = pointer("metadata", "annotations")
+
+
 @dataclass(frozen=True, slots=True)
 class PriorityPatch:
     ops: Ops
     summary: str  # human text for the log and the success Event
     old_terms: str | None  # the terms annotation before this write
+
+    def annotations_after(self, before: Mapping[str, str]) -> dict[str, str]:
+        """The annotations once the patch applied to an object that had `before` (read from
+        the ops themselves: the evaluation's model writes exactly what the API server would)."""
+        out = dict(before)
+        for op in self.ops:
+            path = str(op["path"])
+            if op["op"] == "test" or not path.startswith(_ANNOTATIONS + "/"):
+                continue
+            key = _tokens(path)[-1]
+            if op["op"] == "remove":
+                out.pop(key, None)
+            else:
+                out[key] = str(op["value"])
+        return out
 
 
 # What people act on, with the value a Workload has when nothing was asked for it: a class,

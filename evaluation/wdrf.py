@@ -6,12 +6,13 @@ Every evaluated controller cycle (one `LOOP_INTERVAL` tick after anything change
 model's preemption settings, cohort and Fair Sharing weight), one LocalQueue per team, every
 pending Workload (with `last_eviction` after an eviction) and every admitted one (with
 `status.admission` on its ClusterQueue). The plan's decisions, pending *and* admitted, are then
-written back onto the simulated Workloads exactly as the live controller patches them (boost
-mode: the `kueue.x-k8s.io/priority-boost` annotation, plus `wdrf.x-k8s.io/priority-terms` when
-the plan gives one), and Kueue's model orders and preempts by the written effective priority.
-An admitted Workload the plan does not decide about keeps the priority it had when admitted
-(Kueue keeps what is written). A write is one patch of one Workload: counted when the priority
-or the terms annotation changes.
+written back onto the simulated Workloads by the live controller's own patch
+(`controller.workload.priority_patch` in boost mode: the `kueue.x-k8s.io/priority-boost`
+annotation, with `wdrf.x-k8s.io/priority-terms` when the priority is written or what people act
+on changed), and Kueue's model orders and preempts by the written effective priority. An
+admitted Workload the plan does not decide about keeps the priority it had when admitted (Kueue
+keeps what is written). A write is one patch of one Workload, counted when the live controller
+would send one.
 
 Only the plan's public outputs are used (`target_priority`, `target_boost`, `terms`, `admitted`,
 `hami`), so this follows the policy whatever its formula.
@@ -34,7 +35,6 @@ from controller.domain import (
     GPUCORES,
     GPUMEM_PERCENTAGE,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
-    PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
     Admission,
     ClusterQueue,
@@ -45,11 +45,13 @@ from controller.domain import (
     PodSet,
     Preemption,
     PriorityClass,
+    PriorityMode,
     ResourceQuota,
     Workload,
     frozen_resources,
 )
 from controller.policy import compute_plan
+from controller.workload import PriorityTarget, effective_priority, priority_patch
 from evaluation.kueue import DONE, PENDING, PREEMPTED, KueueSim, Policy
 from evaluation.policies import describe_settings
 from evaluation.trace import PCT, SimJob
@@ -96,7 +98,7 @@ class WdrfKueue(Policy):
         self.lqs: tuple[LocalQueue, ...] = ()
         self.dirty = True
         self.agg_cache: dict[tuple[str, str, PriorityClass], tuple[int, Workload]] = {}
-        self.applied: dict[int, tuple[int, int, str]] = {}
+        self.applied: dict[int, PriorityTarget] = {}
         # Reclaim: when a Workload passes MIN_RUNTIME, and when a preemption leaves the pool's
         # hourly budget, the plan may decide differently with nothing else changing.
         self.clock_events: list[float] = []
@@ -268,11 +270,11 @@ class WdrfKueue(Policy):
             if d.leave_unchanged:
                 self.problems += 1
                 continue
-            terms = str(getattr(d, "terms", "") or "")
+            target = PriorityTarget(d.base_priority, d.target_priority, d.target_boost, d.terms)
             group = groups.get(d.key)
             members = group if group is not None else [self.by_key[d.key]]
             for jid in members:
-                changed |= self._apply(jid, d.target_priority, d.target_boost, terms, now)
+                changed |= self._apply(jid, target, now)
                 if group is None and self.apply_hami and d.hami is not None and (
                     d.hami.node_policy or d.hami.gpu_policy
                 ):
@@ -282,29 +284,23 @@ class WdrfKueue(Policy):
         self.dirty = False
         return changed
 
-    def _apply(self, jid: int, target: int, boost: int, terms: str, now: float) -> bool:
+    def _apply(self, jid: int, target: PriorityTarget, now: float) -> bool:
         """Patch the simulated Workload as the live controller would; True when its effective
         priority changed."""
-        key = (target, boost, terms)
-        if self.applied.get(jid) == key:
+        if self.applied.get(jid) == target:
             return False  # written already: nothing to patch, priority unchanged
-        self.applied[jid] = key
+        self.applied[jid] = target
         w = self.wl[jid]
-        ann = dict(w.annotations)
-        wrote = False
-        if ann.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0") != str(boost):
-            ann[KUEUE_PRIORITY_BOOST_ANNOTATION] = str(boost)
-            wrote = True
-        if terms and ann.get(PRIORITY_TERMS_ANNOTATION) != terms:
-            ann[PRIORITY_TERMS_ANNOTATION] = terms
-            wrote = True
-        if wrote:
-            self.wl[jid] = replace(w, annotations=MappingProxyType(ann))
+        patch = priority_patch(_wire(w), PriorityMode.BOOST, target)
+        if patch is not None:
+            w = replace(w, annotations=MappingProxyType(patch.annotations_after(w.annotations)))
+            self.wl[jid] = w
             self.writes += 1
             self.write_times.append(now)
             self.job_writes[jid] += 1
-        if self.prio.get(jid, 0) != target:
-            self.prio[jid] = target
+        prio = effective_priority(_wire(w))
+        if self.prio.get(jid, 0) != prio:
+            self.prio[jid] = prio
             return True
         return False
 
@@ -330,3 +326,10 @@ class WdrfKueue(Policy):
             ),
             "problems": self.problems,
         }
+
+
+def _wire(w: Workload) -> dict[str, object]:
+    """What the live controller's patch reads of a simulated Workload: its identity and its
+    annotations (the model's Workloads have no spec.priority: no WorkloadPriorityClass)."""
+    return {"metadata": {"namespace": w.namespace, "name": w.name, "uid": w.uid,
+                         "annotations": dict(w.annotations)}}

@@ -191,3 +191,36 @@ def test_terms_alone_are_written_when_what_people_act_on_changed() -> None:
     wl["metadata"]["annotations"]["wdrf.x-k8s.io/priority-terms"] = new
     assert priority_patch(wl, PriorityMode.BOOST, PriorityTarget(
         0, 29500, 29500, new.replace("level=20/50", "level=21/50"))) is None
+
+
+_ANNOTATION_VALUES = st.one_of(st.none(), st.sampled_from(["0", "5", "29500", "-3", "x"]))
+
+
+@given(
+    boost=_ANNOTATION_VALUES, base=_ANNOTATION_VALUES, applied=_ANNOTATION_VALUES,
+    terms=st.sampled_from([None, "v2 class=normal team=a", "v2 class=urgent team=a"]),
+    prio=st.one_of(st.none(), st.integers(-5, 5)),
+    target=st.tuples(st.integers(-5, 5), st.integers(-5, 40000), st.integers(-5, 40000),
+                     st.sampled_from(["", "v2 class=normal team=a", "v2 class=approved team=b"])),
+    spec_mode=st.booleans(),
+)
+def test_annotations_after_a_patch_are_what_the_api_server_makes_of_it(
+        boost: str | None, base: str | None, applied: str | None, terms: str | None,
+        prio: int | None, target: tuple[int, int, int, str], spec_mode: bool) -> None:
+    """The evaluation's model writes `PriorityPatch.annotations_after`: the same annotations
+    as the JSON patch applied by an API server."""
+    from controller.domain import PriorityMode
+    from controller.workload import PriorityTarget, priority_patch
+    from tests.support.fake import json_patch
+
+    ann = {k: v for k, v in ((KUEUE_PRIORITY_BOOST_ANNOTATION, boost),
+                             (BASE_PRIORITY_ANNOTATION, base),
+                             (APPLIED_PRIORITY_ANNOTATION, applied),
+                             (PRIORITY_TERMS_ANNOTATION, terms)) if v is not None}
+    obj = wl(ann or None, prio)
+    mode = PriorityMode.SPEC if spec_mode else PriorityMode.BOOST
+    patch = priority_patch(obj, mode, PriorityTarget(*target))
+    if patch is None:
+        return
+    written = json_patch(obj, patch.ops)
+    assert patch.annotations_after(ann) == written["metadata"].get("annotations", {})
