@@ -234,7 +234,8 @@ def _tls_dial(port: int, ca: Path) -> bool:
 class Plane:
     """One control plane in ``workdir`` (logs in ``workdir/logs``)."""
 
-    def __init__(self, workdir: Path, kueue: KueueSettings | None = None) -> None:
+    def __init__(self, workdir: Path, kueue: KueueSettings | None = None, *,
+                 visibility: bool = True) -> None:
         self.workdir = workdir.resolve()
         self.logs = self.workdir / "logs"
         self.kueue_settings = kueue or KueueSettings()
@@ -247,6 +248,11 @@ class Plane:
         self.visibility_missing = "" if self.host_ip else (
             "this machine has no non-loopback IPv4 address for the EndpointSlice of Kueue's "
             "visibility server (validation rejects 127.0.0.0/8); set WDRF_PLANE_HOST_IP")
+        if not visibility:
+            self.visibility_missing = "not asked for (Plane(visibility=False))"
+        # user -> (token, groups): more bearer-token users the apiserver knows (set before
+        # start(); e.g. the identity a MultiKueue manager uses on a worker)
+        self.extra_tokens: dict[str, tuple[str, tuple[str, ...]]] = {}
         self.server = f"https://127.0.0.1:{self.ports['apiserver']}"
         self.kubeconfig = self.workdir / "kubeconfig"
         self.audit_log = self.workdir / "logs" / "audit.jsonl"
@@ -308,7 +314,9 @@ class Plane:
             self._pki = make_pki(self.workdir / "pki")
             self._write_kubeconfig()
             (self.workdir / "tokens.csv").write_text(
-                f"{self.token},{ADMIN_USER},{ADMIN_USER},system:masters\n")
+                f"{self.token},{ADMIN_USER},{ADMIN_USER},system:masters\n" + "".join(
+                    f'{tok},{user},{user}' + (f',"{",".join(groups)}"' if groups else "") + "\n"
+                    for user, (tok, groups) in self.extra_tokens.items()))
             self._write_metrics_cert()
             if not self.visibility_missing:
                 self._visibility_cert()
