@@ -11,6 +11,7 @@ What the annotations mean is in docs/policy.md.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -218,16 +219,11 @@ class Terms(Mapping[str, str]):
 
     @classmethod
     def parse(cls, text: str | None) -> Terms:
-        out: dict[str, str] = {}
         if not text:
-            return cls(out)
-        for i, word in enumerate(w for w in _WORD_SEPARATORS.split(text.strip()) if w):
-            key, sep, value = word.partition("=")
-            if sep and key:
-                out[key.strip()] = value.strip()
-            elif i == 0 and not sep:
-                out[VERSION_KEY] = word
-        return cls(out)
+            return cls()
+        if cls is Terms:  # immutable, so one parse per distinct text (every plan reads them all)
+            return _parse_terms_cached(text)
+        return cls(_words_of(text))
 
     @classmethod
     def of(cls, **words: str) -> Terms:
@@ -261,6 +257,22 @@ class Terms(Mapping[str, str]):
 
     def __repr__(self) -> str:
         return f"Terms({self.format()!r})"
+
+
+def _words_of(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for i, word in enumerate(w for w in _WORD_SEPARATORS.split(text.strip()) if w):
+        key, sep, value = word.partition("=")
+        if sep and key:
+            out[key.strip()] = value.strip()
+        elif i == 0 and not sep:
+            out[VERSION_KEY] = word
+    return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parse_terms_cached(text: str) -> Terms:
+    return Terms(_words_of(text))
 
 
 def terms_of(obj: Mapping[str, Any]) -> Terms:
