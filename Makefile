@@ -74,17 +74,12 @@ eval-trace: venv
 
 # The whole suite, the image test included (pyproject's addopts leave it out of a bare pytest).
 test: venv tools promtool image-tools lint
-	$(PY) -m pytest -m "(image or not image) and not unstable and not gpu"
+	$(PY) -m pytest -m "(image or not image) and not gpu"
 
 # The node agent on a real NVIDIA GPU, witnessed by nvidia-smi (needs a driver; CI has none).
 .PHONY: test-gpu
 test-gpu: venv
 	$(PY) -m pytest -m gpu tests/gpu
-
-# Plane tests with a known intermittent failure under investigation (named in the open issue).
-.PHONY: unstable
-unstable: venv tools
-	$(PY) -m pytest -m unstable
 
 cluster: venv tools
 	$(PY) -m tests.support.cluster $(CLUSTER_ARGS)

@@ -244,6 +244,13 @@ class Workload:
     # When Kueue last preempted it (Preempted=True, else Evicted=True with reason Preempted):
     # counted against a pool's reclaim budget.
     preempted_at: datetime | None = None
+    evicted: bool = False  # Evicted=True now
+
+    @property
+    def evicting(self) -> bool:
+        """Kueue evicted it and it still holds its quota (its pods are stopping): the quota
+        is already on its way to whoever Kueue evicted it for."""
+        return self.evicted and self.quota_reserved
 
     @property
     def key(self) -> str:

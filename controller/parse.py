@@ -323,6 +323,7 @@ def parse_workload(obj: Mapping[str, Any]) -> tuple[Workload | None, list[InputP
             last_eviction=found.last_eviction,
             reserved_since=found.reserved_since if quota_reserved else None,
             preempted_at=found.preempted_at,
+            evicted=conds.get("Evicted", False),
         )
     except _Bad as bad:
         ctx.problem(bad.field, bad.value, f"{bad.message}; object skipped")

@@ -596,6 +596,12 @@ def _fits(demand: Mapping[str, float], free: Mapping[str, float]) -> bool:
     return all(q <= free.get(d, 0.0) + 1e-9 for d, q in demand.items() if q > 0)
 
 
+def _short(demand: Mapping[str, float], free: Mapping[str, float]) -> Vector:
+    """What of `demand` free capacity does not cover: what victims must give."""
+    return {d: q - max(free.get(d, 0.0), 0.0) for d, q in demand.items()
+            if q > max(free.get(d, 0.0), 0.0)}
+
+
 def _free(acc: Accounts, pool: str, single: Mapping[str, str]) -> Vector:
     """The pool's capacity no admitted Workload holds now, in the dimensions pending demands
     are counted in."""
@@ -653,7 +659,7 @@ class _Exposer:
             started = m.workload.reserved_since
             return (-(started.timestamp() if started else 0.0), m.workload.uid)
 
-        out = [m for m in holders if m.workload.key not in self.out
+        out = [m for m in holders if m.workload.key not in self.out and not m.workload.evicting
                and (c := self.classes.get(m.workload.key)) is not None
                and not c.blocking and c.override is None and c.priority_class is cls]
         return sorted(out, key=key)
@@ -662,7 +668,14 @@ class _Exposer:
                strict: bool) -> None:
         self.strict = strict
         pool = holders[0].pool
-        free = _free(self.acc, pool, self.demands.single(pool))
+        single = self.demands.single(pool)
+        free = _free(self.acc, pool, single)
+        # What Kueue is evicting is already on its way to a waiting Workload: counted free,
+        # else the plan would expose a second victim for the same taker meanwhile.
+        leaving = prospective_base(_sum(admitted_usage(m.workload, self.acc.card_mib)
+                                        for m in holders if m.workload.evicting),
+                                   self.acc.capacity.get(pool, {}), single)
+        free = {d: q + leaving.get(d, 0.0) for d, q in free.items()}
         if self.settings.team_scoped_approval():
             self._for_approval(cq, pool, holders, waiting, free)
         if self.settings.reclaim_enabled:
@@ -678,7 +691,7 @@ class _Exposer:
             demand = _sum(s.demand or {} for s in mine)
             if _fits(demand, free):
                 continue
-            need, covered = _size(demand, cap), 0.0
+            need, covered = _size(_short(demand, free), cap), 0.0
             exposure = Exposure(ExposureReason.TEAM_APPROVAL, (team,), self.us(pool, team))
 
             def allowed(s: Scored, team: str = team) -> bool:
@@ -712,7 +725,7 @@ class _Exposer:
                 demand = _sum(s.demand or {} for s in takers)
                 if _fits(demand, free):
                     continue
-                need, covered, left = _size(demand, cap), 0.0, us_v
+                need, covered, left = _size(_short(demand, free), cap), 0.0, us_v
                 for m in self.candidates((h for h in holders if h.team == team), cls):
                     started = m.workload.reserved_since
                     if covered >= need or self.budget_left(pool) <= 0:
@@ -856,6 +869,11 @@ def guard_admitted(
             continue  # preemption cannot reach its pool
         if c.blocking:
             out.append(_unchanged(m, c, c.problems, admitted=True, rank=-1))
+            continue
+        if w.evicting:
+            # Kueue is taking it off (its quota frees once its pods stop): a guard now would
+            # take it out of the preemption under way, and it would come back pending with the
+            # guard's value, above the Workload it was evicted for, and take the quota back.
             continue
         cls = c.priority_class
         victim = victims.get(w.key)

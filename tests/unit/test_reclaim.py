@@ -14,6 +14,7 @@ from controller.config import Settings
 from controller.domain import (
     APPROVED_ANNOTATION,
     GPU,
+    PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
     ApprovedScope,
     ClusterQueue,
@@ -174,6 +175,25 @@ def test_a_reclaimed_workload_never_preempts_its_reclaimer_back() -> None:
         reclaimer = next((d for d in replan.decisions if d.key == "team-b/b0"), None)
         if reclaimer is not None:  # guarded (written) or left at a value above the victim
             assert reclaimer.target_priority > back
+
+
+def test_a_victim_kueue_is_evicting_is_left_alone_and_covers_its_taker() -> None:
+    """Kueue evicted the victim and it still holds its quota while its pods stop: no write
+    to it (a guard would take it out of the preemption under way and let it come back above
+    its taker), not a victim again, and no other victim for the taker it is leaving for."""
+    items = [*_hog(), waiting("b0", "team-b")]
+    _, plan = plan_of(items, RECLAIM)
+    (victim,) = exposed(plan)
+    d = next(x for x in plan.decisions if x.key == victim)
+    leaving = [replace(w, evicted=True, preempted_at=NOW, priority=d.target_priority,
+                       annotations={**w.annotations, PRIORITY_TERMS_ANNOTATION: d.terms})
+               if w.key == victim else w for w in items]
+    _, during = plan_of(leaving, RECLAIM)
+    assert victim not in {x.key for x in during.decisions if x.admitted}
+    assert not exposed(during)
+    # a second taker still gets a victim of its own, another one
+    _, more = plan_of([*leaving, waiting("b1", "team-b")], RECLAIM)
+    assert len(exposed(more)) == 1 and victim not in exposed(more)
 
 
 # --------------------------------------------------------------------------------------------
