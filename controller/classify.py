@@ -13,6 +13,7 @@ from controller.config import MAX_OVERRIDE
 from controller.domain import (
     APPROVED_ANNOTATION,
     BASE_PRIORITY_ANNOTATION,
+    CLASS_PRIORITY_CLASSES,
     INT32_MAX,
     INT32_MIN,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
@@ -109,6 +110,16 @@ def read_base(workload: Workload) -> tuple[int, list[InputProblem]]:
     return base, []
 
 
+def ranked_base(workload: Workload, base: int) -> int:
+    """The base the formula counts: 0 for a Workload whose WorkloadPriorityClass is a class
+    stand-in (`CLASS_PRIORITY_CLASSES`: its value says the class, which the annotations
+    already give), else its base. The base itself stays what spec.priority holds without
+    this controller: boost and spec writes are computed from it."""
+    if workload.workload_priority_class and workload.priority_class_name in CLASS_PRIORITY_CLASSES:
+        return 0
+    return base
+
+
 def read_current_boost(workload: Workload) -> tuple[int | None, list[InputProblem]]:
     val = workload.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION)
     if val is None:
@@ -129,7 +140,8 @@ class Classified:
 
     priority_class: PriorityClass
     override: int | None
-    base: int
+    base: int  # spec.priority without this controller: what boost and spec writes start from
+    ranked: int  # the base the formula counts (`ranked_base`)
     current_boost: int | None
     problems: tuple[InputProblem, ...]
     blocking: bool  # a problem in what the policy reads: leave the Workload unchanged
@@ -141,10 +153,13 @@ def classify(workload: Workload, job: Owner | None) -> Classified:
     if (not ann or ann.keys().isdisjoint(_POLICY_KEYS)) and (
         job is None or not job.annotations or job.annotations.keys().isdisjoint(_POLICY_KEYS)
     ):  # hot path: nothing to read, all defaults
-        return Classified(PriorityClass.NORMAL, None, workload.priority or 0, None, (), False)
+        base = workload.priority or 0
+        return Classified(PriorityClass.NORMAL, None, base, ranked_base(workload, base), None,
+                          (), False)
     cls, p1 = read_class(workload, job)
     override, p2 = read_override(workload, job)
     base, p3 = read_base(workload)
     boost, p4 = read_current_boost(workload)
     blocking = bool(p1 or p2 or p3)
-    return Classified(cls, override, base, boost, (*p1, *p2, *p3, *p4), blocking)
+    return Classified(cls, override, base, ranked_base(workload, base), boost,
+                      (*p1, *p2, *p3, *p4), blocking)

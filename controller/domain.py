@@ -46,6 +46,10 @@ HAMI_NODE_REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
 # a manager creates on its workers.
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
 MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
+# The WorkloadPriorityClasses manifests/admission/class-priority.yaml stamps on new Jobs by
+# their class, so Kueue keeps the classes apart while the controller is down. Their value is
+# a stand-in for the class, never a base the user chose (admins alone may set these names).
+CLASS_PRIORITY_CLASSES = frozenset({"wdrf-urgent", "wdrf-approved", "wdrf-normal"})
 
 EMPTY_MAPPING: Mapping[str, str] = MappingProxyType({})
 

@@ -492,7 +492,7 @@ def _score_team(
             credited = head_since
         since_ts = credited.timestamp()
         aging = aging_term(since_ts, ref_ts, settings)
-        bterm = base_term(c.base, settings)
+        bterm = base_term(c.ranked, settings)
         if c.override is not None:
             target = c.override
         else:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
@@ -24,11 +26,15 @@ from controller.domain import (
     ObjectRef,
     Preemption,
     PriorityClass,
+    PriorityMode,
     ResourceQuota,
+    Workload,
 )
+from controller.parse import parse_workload
 from controller.plan import Plan, WorkloadDecision
 from controller.policy import compute_plan
-from tests.support.builders import NOW, job, snapshot, wl
+from controller.workload import PriorityTarget, pointer, priority_patch
+from tests.support.builders import NOW, job, snapshot, wl, workload_dict
 from tests.support.builders import settings as make_settings
 
 
@@ -324,3 +330,64 @@ def test_class_and_team_label_from_an_owner_of_another_integrated_kind() -> None
     forged = replace(w, owner=ObjectRef("JobSet", "train", "team-a", "js-uid", "evil.io/v1"))
     d = one(compute_plan(replace(snap, workloads=(forged,)), Settings(), NOW))
     assert d.breakdown is not None and d.breakdown.priority_class is PriorityClass.NORMAL
+
+
+
+# --- The class stand-in WorkloadPriorityClasses (manifests/admission/class-priority.yaml) ---
+
+
+def _parsed(name: str, annotations: dict[str, str], priority: int,
+            priority_class: str | None, namespace: str = "team-a"
+            ) -> tuple[Workload, dict[str, Any]]:
+    raw = workload_dict(name, namespace, annotations=annotations, priority=priority,
+                        priority_class=priority_class)
+    w, problems = parse_workload(raw)
+    assert w is not None and not problems
+    return w, raw
+
+
+@pytest.mark.parametrize("mode", [PriorityMode.BOOST, PriorityMode.SPEC])
+def test_a_class_stand_in_priority_class_counts_as_base_0_and_writes_start_from_its_value(
+    mode: PriorityMode,
+) -> None:
+    """An urgent Job stamped wdrf-urgent (1,500,000) ranks exactly as the same Job without
+    it: its value is the class, not a base (with a base cap it would otherwise gain +cap).
+    Boost and spec writes still start from the value Kueue gave it."""
+    s = make_settings(base_priority_cap=20000)
+    urgent = {URGENT_ANNOTATION: "true"}
+    plain, _ = _parsed("plain", urgent, 0, None)
+    stamped, raw = _parsed("stamped", urgent, 1_500_000, "wdrf-urgent", "team-b")
+    plan = compute_plan(snapshot([plain, stamped]), s, NOW)  # two idle teams: same fairness
+    a, b = one(plan, "team-a/plain"), one(plan, "team-b/stamped")
+    assert a.breakdown is not None and b.breakdown is not None
+    assert b.breakdown.base_term == a.breakdown.base_term == 20000
+    assert b.target_priority == a.target_priority
+    assert b.base_priority == 1_500_000
+    assert b.target_boost == b.target_priority - 1_500_000
+    target = PriorityTarget(b.base_priority, b.target_priority, b.target_boost, b.terms)
+    patch = priority_patch(raw, mode, target)
+    assert patch is not None
+    adds = {op["path"]: op["value"] for op in patch.ops if op["op"] == "add"}
+    if mode is PriorityMode.BOOST:
+        key = pointer("metadata", "annotations", KUEUE_PRIORITY_BOOST_ANNOTATION)
+        assert adds[key] == str(b.target_priority - 1_500_000)
+    else:
+        assert adds["/spec/priority"] == b.target_priority
+        assert adds[pointer("metadata", "annotations", BASE_PRIORITY_ANNOTATION)] == "1500000"
+
+
+def test_a_users_own_priority_class_still_counts_as_base() -> None:
+    """Only the stand-in names are read as base 0; another WorkloadPriorityClass (one an
+    admin allowed) is the user's base, inside the cap."""
+    s = make_settings(base_priority_cap=20000)
+    w, _ = _parsed("p", {}, 5000, "high")
+    d = one(compute_plan(snapshot([w]), s, NOW))
+    assert d.breakdown is not None and d.breakdown.base_term == 25000
+
+
+def test_a_pod_priority_class_of_a_stand_in_name_is_a_base() -> None:
+    """A Kubernetes PriorityClass that happens to be called wdrf-urgent is not the stand-in."""
+    s = make_settings(base_priority_cap=20000)
+    w = dataclasses.replace(wl("p", priority=5000), priority_class_name="wdrf-urgent")
+    d = one(compute_plan(snapshot([w]), s, NOW))
+    assert d.breakdown is not None and d.breakdown.base_term == 25000
