@@ -647,6 +647,20 @@ class PolicySettings(HamiSettings):
         """Does the freshest urgent Workload outrank every lower-class guard?"""
         return self.class_term(PriorityClass.URGENT) > self.guard(PriorityClass.APPROVED)
 
+    def stand_in_value(self, cls: PriorityClass) -> int:
+        """The value of the WorkloadPriorityClass stamped on a new Job of class `cls`
+        (manifests/admission/class-priority.yaml), which orders it while the controller is down:
+        urgent at its band's floor (above every lower guard when `urgent_preempts`, never above
+        a value written for urgent work); approved at its floor only where approved work may
+        preempt normal work, else normal's 0 (any value above that would let approved work
+        preempt admitted normal work that has no guard); normal 0, the default base."""
+        if cls is PriorityClass.URGENT:
+            return self.class_term(cls)
+        if cls is PriorityClass.APPROVED and self.approved_preempts_normal \
+                and not self.team_scoped_approval():
+            return self.class_term(cls)
+        return 0
+
     def overtake_window(self, by: PriorityClass = PriorityClass.URGENT) -> float:
         """Seconds after which a normal workload ranks above every later arrival of class `by` or
         a lower class (math.inf if aging can never close that gap before MAX_AGING_TIME). The

@@ -16,6 +16,7 @@ import click
 import yaml
 
 from controller.config import Settings
+from controller.domain import PriorityClass
 from controller.plan import (
     ExposureReason,
     Plan,
@@ -375,6 +376,11 @@ def render_table(plan: Plan, settings: Settings | None = None, width: int | None
     if settings is not None:
         out.append("")
         out.append(_wrap(f"Starvation bound: {settings.starvation_bound(_duration_up)}", "",
+                         width))
+        stand_ins = ", ".join(f"wdrf-{c.value} {settings.stand_in_value(c)}"
+                              for c in PriorityClass)
+        out.append(_wrap("Class stand-ins while the controller is down (WorkloadPriorityClass "
+                         f"values, manifests/admission/class-priority.yaml): {stand_ins}.", "",
                          width))
     return "\n".join(out)
 

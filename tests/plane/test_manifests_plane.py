@@ -55,7 +55,7 @@ USERS_GROUP = "wdrf-test:users"  # RBAC for the impersonated people below
 LEAD_PREFIX = "wdrf:team-lead:"  # teamLeadGroupPrefix: leads of <namespace> are in <prefix><ns>
 ORDINARY = ("alice", [USERS_GROUP])
 ADMIN = ("adam", [USERS_GROUP, "wdrf:admins"])
-SCOPED_BINDINGS = ("wdrf-class-annotations", "wdrf-submitted-by")
+SCOPED_BINDINGS = ("wdrf-class-annotations", "wdrf-submitted-by", "wdrf-class-priority")
 
 Obj = dict[str, Any]
 _CONFIG_KEYS = frozenset(KEYS)
@@ -86,6 +86,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "ResourceFlavor": ("/apis/kueue.x-k8s.io/v1beta2", "resourceflavors", False),
     "ClusterQueue": ("/apis/kueue.x-k8s.io/v1beta2", "clusterqueues", False),
     "LocalQueue": ("/apis/kueue.x-k8s.io/v1beta2", "localqueues", True),
+    "WorkloadPriorityClass": ("/apis/kueue.x-k8s.io/v1beta2", "workloadpriorityclasses", False),
 }
 
 
@@ -124,8 +125,9 @@ def suffix() -> str:
 
 
 def install_manifests(admin: k8s.ApiClient, tmp: Path) -> list[Obj]:
-    """manifests/ plus the usage-history component, rendered and applied; the class policy's
-    and the submitter stamp's bindings scoped to namespaces labelled SCOPE_LABEL. The
+    """manifests/ plus the usage-history component, rendered and applied; the class policy's,
+    the submitter stamp's and the class stand-in's bindings scoped to namespaces labelled
+    SCOPE_LABEL. The
     params guard and the controller-writes policy are applied as shipped (they only concern
     kueue-system/wdrf-admission-params and the controller's own identity)."""
     from tests.unit.test_manifests import with_history_component

@@ -15,8 +15,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from controller.config import Settings, with_overrides
-from controller.domain import OWNER_KINDS
+from controller.config import Settings, load_settings, with_overrides
+from controller.domain import CLASS_PRIORITY_CLASSES, OWNER_KINDS, PriorityClass
 from tests.support.kube import render_kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,6 +128,10 @@ def is_kueue(obj: Obj) -> bool:
 
 
 def k8s_validate(obj: Obj) -> None:
+    if obj["kind"] == "WorkloadPriorityClass":  # a Kueue CRD: the plane tests apply it
+        assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta2", obj
+        assert set(obj) <= {"apiVersion", "kind", "metadata", "value", "description"}, obj
+        return
     kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
@@ -145,7 +149,9 @@ def test_kustomize_renders_expected_objects(rendered: list[Obj]) -> None:
         "ConfigMap/wdrf-admission-params",
         "ConfigMap/wdrf-controller-config-",  # generated, with a content hash
         "Deployment/wdrf-controller",
+        "MutatingAdmissionPolicy/wdrf-class-priority",
         "MutatingAdmissionPolicy/wdrf-submitted-by",
+        "MutatingAdmissionPolicyBinding/wdrf-class-priority",
         "MutatingAdmissionPolicyBinding/wdrf-submitted-by",
         "NetworkPolicy/wdrf-controller",
         "PodDisruptionBudget/wdrf-controller",
@@ -161,6 +167,9 @@ def test_kustomize_renders_expected_objects(rendered: list[Obj]) -> None:
         "ValidatingAdmissionPolicyBinding/wdrf-class-annotations",
         "ValidatingAdmissionPolicyBinding/wdrf-controller-configmaps",
         "ValidatingAdmissionPolicyBinding/wdrf-controller-writes",
+        "WorkloadPriorityClass/wdrf-approved",
+        "WorkloadPriorityClass/wdrf-normal",
+        "WorkloadPriorityClass/wdrf-urgent",
     ]
     assert len(kinds) == len(expected_prefixes), kinds
     for got, want in zip(kinds, expected_prefixes, strict=True):
@@ -176,6 +185,7 @@ def test_no_namespace_object_and_everything_in_kueue_system(rendered: list[Obj])
         "ValidatingAdmissionPolicyBinding",
         "MutatingAdmissionPolicy",
         "MutatingAdmissionPolicyBinding",
+        "WorkloadPriorityClass",
     }
     for o in rendered:
         ns = o["metadata"].get("namespace")
@@ -226,6 +236,8 @@ def test_admission_kustomization_renders_on_its_own() -> None:
     assert sorted(o["kind"] for o in objs) == [
         "ConfigMap",
         "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
         "MutatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
@@ -233,6 +245,9 @@ def test_admission_kustomization_renders_on_its_own() -> None:
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
+        "WorkloadPriorityClass",
+        "WorkloadPriorityClass",
+        "WorkloadPriorityClass",
     ]
     for o in objs:
         k8s_validate(o)
@@ -624,8 +639,53 @@ def test_submitter_stamp_covers_jobs_and_cronjob_templates(rendered: list[Obj]) 
     assert set(rule["resources"]) == {"jobs", "cronjobs"} and rule["operations"] == ["CREATE"]
     text = yaml.safe_dump(map_["spec"]["mutations"])
     assert "jobTemplate" in text and "wdrf.x-k8s.io/submitted-by" in text
-    assert find(rendered, "MutatingAdmissionPolicyBinding")["spec"]["policyName"] == \
-        "wdrf-submitted-by"
+    assert find(rendered, "MutatingAdmissionPolicyBinding", "wdrf-submitted-by")["spec"][
+        "policyName"] == "wdrf-submitted-by"
+
+
+def test_class_stand_ins_are_the_names_the_controller_reads_with_the_values_it_prints(
+    rendered: list[Obj], tmp_path: Path,
+) -> None:
+    """The shipped WorkloadPriorityClasses are exactly CLASS_PRIORITY_CLASSES (the names the
+    controller counts as base 0) and their values are what the shipped config gives
+    (`stand_in_value`, printed by the dry run); the policy stamps them on Jobs and CronJob
+    templates at creation only, and the class policy accepts exactly those names besides the
+    allowed classes."""
+    settings = load_settings(MANIFESTS / "config.yaml", env={})
+    wpcs = {o["metadata"]["name"]: o["value"] for o in rendered
+            if o["kind"] == "WorkloadPriorityClass"}
+    assert set(wpcs) == CLASS_PRIORITY_CLASSES
+    assert wpcs == {f"wdrf-{c.value}": settings.stand_in_value(c) for c in PriorityClass}
+    assert wpcs["wdrf-urgent"] > settings.guard(PriorityClass.APPROVED)
+    assert wpcs["wdrf-urgent"] > settings.guard(PriorityClass.NORMAL)
+    assert wpcs["wdrf-approved"] == wpcs["wdrf-normal"]  # APPROVED_PREEMPTS_NORMAL false
+    map_ = find(rendered, "MutatingAdmissionPolicy", "wdrf-class-priority")
+    (rule,) = map_["spec"]["matchConstraints"]["resourceRules"]
+    assert set(rule["resources"]) == {"jobs", "cronjobs"} and rule["operations"] == ["CREATE"]
+    text = yaml.safe_dump(map_["spec"])
+    for name in CLASS_PRIORITY_CLASSES:
+        assert f"'{name}'" in text
+    assert find(rendered, "MutatingAdmissionPolicyBinding", "wdrf-class-priority")["spec"][
+        "policyName"] == "wdrf-class-priority"
+    vap = yaml.safe_dump(find(rendered, "ValidatingAdmissionPolicy", "wdrf-class-annotations"))
+    for name in CLASS_PRIORITY_CLASSES:
+        assert f"'{name}'" in vap
+
+
+@pytest.mark.parametrize(("env", "approved"), [
+    ({}, 0),
+    ({"APPROVED_PREEMPTS_NORMAL": "true", "PRIORITY_CLASS_UNIT": "30000"}, 3_000_000),
+    ({"APPROVED_PREEMPTS_NORMAL": "true", "PRIORITY_CLASS_UNIT": "30000",
+      "APPROVED_SCOPE": "team"}, 0),
+])
+def test_the_approved_stand_in_rises_above_normal_only_where_approved_may_preempt_normal(
+    env: dict[str, str], approved: int,
+) -> None:
+    settings = load_settings(MANIFESTS / "config.yaml", env=env)
+    assert settings.stand_in_value(PriorityClass.APPROVED) == approved
+    assert settings.stand_in_value(PriorityClass.NORMAL) == 0
+    if approved:
+        assert approved > settings.guard(PriorityClass.NORMAL)
 
 
 def test_controller_writes_policy_narrows_every_cluster_wide_patch(rendered: list[Obj]) -> None:
