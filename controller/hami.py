@@ -190,8 +190,8 @@ def _by_rules(
 
     if node is None and gpu is None and cores is None:
         return None
-    changes = _changes(workload, job, node, gpu, cores, mem)
-    return HamiDecision(node, gpu, cores, mem, "; ".join(reasons), tuple(changes))
+    decision = HamiDecision(node, gpu, cores, mem, "; ".join(reasons))
+    return replace(decision, changes=_changes(workload, job, decision))
 
 
 def _mentions(workload: Workload, job: JobInfo | None) -> bool:
@@ -313,30 +313,40 @@ def _template_annotations(workload: Workload, job: JobInfo | None) -> Mapping[st
     return merged
 
 
-def _changes(
-    workload: Workload,
-    job: JobInfo | None,
-    node: str | None,
-    gpu: str | None,
-    cores: int | None,
-    mem: int | None,
-) -> list[str]:
+def template_annotation_changes(have: Mapping[str, str],
+                                hami: HamiDecision) -> dict[str, str]:
+    """The HAMi annotations the decision sets that a pod template (or a pod) lacks or has
+    otherwise: annotation -> the value to write."""
+    return {k: v for k, v in hami.annotations.items() if have.get(k) != v}
+
+
+def fraction_values(hami: HamiDecision) -> dict[str, str]:
+    """The container resources the decision's GPU fraction sets: resource -> quantity."""
+    want: dict[str, str] = {}
+    if hami.gpucores is not None:
+        want[GPUCORES] = str(hami.gpucores)
+    if hami.gpumem_percentage is not None:
+        want[GPUMEM_PERCENTAGE] = str(hami.gpumem_percentage)
+    return want
+
+
+def resource_changes(have: Mapping[str, object], want: Mapping[str, str]) -> dict[str, str]:
+    """The fraction resources a GPU container's resources (merged, or one of its `limits` and
+    `requests`) lack or have otherwise: resource -> the quantity to write."""
+    return {k: v for k, v in want.items() if str(have.get(k)) != v}
+
+
+def _changes(workload: Workload, job: JobInfo | None, hami: HamiDecision) -> tuple[str, ...]:
     """Human-readable differences between the decision and what pods would get now."""
-    out: list[str] = []
     tmpl = _template_annotations(workload, job)
-    for key, want in ((HAMI_NODE_POLICY_ANNOTATION, node), (HAMI_GPU_POLICY_ANNOTATION, gpu)):
-        have = tmpl.get(key)
-        if want is not None and have != want:
-            out.append(f"{key}: {have or '(unset)'} -> {want}")
-    if cores is not None:
-        for name, want_pct in ((GPUCORES, cores), (GPUMEM_PERCENTAGE, mem)):
-            haves = sorted({
-                str(c.resources.get(name, "unset"))
-                for c in _gpu_containers(workload.pod_sets)
-            })
-            if haves != [str(want_pct)]:
-                out.append(f"{name}: {','.join(haves) or 'unset'} -> {want_pct}")
-    return out
+    out = [f"{key}: {tmpl.get(key) or '(unset)'} -> {want}"
+           for key, want in template_annotation_changes(tmpl, hami).items()]
+    gpu = _gpu_containers(workload.pod_sets)
+    for name, want in fraction_values(hami).items():
+        if not gpu or any(resource_changes(c.resources, {name: want}) for c in gpu):
+            haves = sorted({str(c.resources.get(name, "unset")) for c in gpu})
+            out.append(f"{name}: {','.join(haves) or 'unset'} -> {want}")
+    return tuple(out)
 
 
 def _gpu_containers(pod_sets: Sequence[PodSet]) -> list[Container]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.domain import GPU, GPUCORES, GPUMEM_PERCENTAGE, ObjectRef
+from controller.hami import fraction_values, resource_changes, template_annotation_changes
 from controller.live.api import JSON, JSON_PATCH, Resource
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
 from controller.workload import (
@@ -161,24 +162,17 @@ def _template(job: Mapping[str, Any]) -> Mapping[str, Any]:
     return ((job.get("spec") or {}).get("template")) or {}
 
 
-def missing_annotations(
-    have: Mapping[str, str], want: Mapping[str, str]
-) -> dict[str, str]:
-    return {k: v for k, v in want.items() if have.get(k) != v}
-
-
 def diff_job_hami(
     decision: WorkloadDecision,
     job: JSON,
     job_resource: Resource,
     resources_mutable: bool | None,
-    fraction_blocked: str = "",
 ) -> Diff:
-    """HAMi annotations and GPU fraction on a Job's pod template.
+    """HAMi annotations and GPU fraction on a Job's pod template (what differs from the
+    decision: `controller.hami.template_annotation_changes` and `resource_changes`).
 
-    `resources_mutable`: None = not known yet (try), False = the cluster refused before.
-    `fraction_blocked`: why the fraction must not be written (e.g. the ClusterQueue does not
-    cover `nvidia.com/gpucores`, so Kueue would never admit the Workload); "" = no reason.
+    `resources_mutable`: None = not known yet (try), False = the cluster refused before. The
+    fraction is not written where the plan says why not (`HamiDecision.fraction_blocked`).
     """
     hami = decision.hami
     out = _Builder()
@@ -186,7 +180,7 @@ def diff_job_hami(
         return out.freeze()
     ref = ref_of(job, job_resource)
     tmpl_ann = annotations_of(_template(job))
-    missing = missing_annotations(tmpl_ann, hami.annotations)
+    missing = template_annotation_changes(tmpl_ann, hami)
     fraction = container_fraction_patch(job, hami)
     if not job_is_pristine(job):
         if missing or fraction:
@@ -210,10 +204,10 @@ def diff_job_hami(
                        compare_and_swap(job, ops), f"pod template annotations {text}",
                        decision))
     if fraction:
-        if fraction_blocked:
+        if hami.fraction_blocked:
             out.add(Notice(ref, "GpuFractionNotApplied",
                            f"GPU fraction ({fraction_text(hami)}) not applied: "
-                           f"{fraction_blocked}"))
+                           f"{hami.fraction_blocked}"))
         elif resources_mutable is False:
             out.add(fraction_refused_notice(ref, hami))
         else:
@@ -241,19 +235,10 @@ def fraction_refused_notice(ref: ObjectRef, hami: HamiDecision) -> Notice:
     )
 
 
-def _fraction_values(hami: HamiDecision) -> dict[str, str]:
-    want: dict[str, str] = {}
-    if hami.gpucores is not None:
-        want[GPUCORES] = str(hami.gpucores)
-    if hami.gpumem_percentage is not None:
-        want[GPUMEM_PERCENTAGE] = str(hami.gpumem_percentage)
-    return want
-
-
 def container_fraction_patch(job: Mapping[str, Any], hami: HamiDecision) -> list[JSON]:
     """JSON patch ops setting the fraction on every GPU container where it differs (each
     container addressed by index, its name tested first); [] when nothing differs."""
-    want = _fraction_values(hami)
+    want = fraction_values(hami)
     if not want:
         return []
     pod_spec = _template(job).get("spec") or {}
@@ -276,9 +261,8 @@ def _container_fraction(index: int, container: Mapping[str, Any],
     for section_name, section in (("limits", limits), ("requests", requests)):
         if GPU not in section:
             continue
-        for k, v in want.items():
-            if str(section.get(k)) != v:
-                ops.append({"op": "add", "path": pointer(*base, section_name, k), "value": v})
+        for k, v in resource_changes(section, want).items():
+            ops.append({"op": "add", "path": pointer(*base, section_name, k), "value": v})
     if not ops:
         return []
     return [{"op": "test", "path": pointer("spec", "template", "spec", "containers",
@@ -306,7 +290,7 @@ def diff_pods_hami(
         if not pod_is_gated(pod):
             continue
         ref = ref_of(pod, pod_resource)
-        missing = missing_annotations(annotations_of(pod), hami.annotations)
+        missing = template_annotation_changes(annotations_of(pod), hami)
         if missing:
             text = ", ".join(f"{k}={v}" for k, v in sorted(missing.items()))
             # UID-tested like every Workload and Job patch: a pod deleted and recreated under
@@ -314,7 +298,7 @@ def diff_pods_hami(
             ops = compare_and_swap(pod, annotation_ops(pod, missing, ()))
             out.add(Change(ref, pod_resource, HAMI_ANNOTATIONS, JSON_PATCH, ops,
                            f"pod annotations {text}", decision))
-        if _fraction_values(hami) and container_fraction_patch(
+        if container_fraction_patch(
             {"spec": {"template": {"spec": pod.get("spec") or {}}}}, hami
         ):
             out.add(Notice(ref, "GpuFractionNotApplied",
@@ -357,15 +341,13 @@ def plan_diff(
     job: Lookup,
     pods_by_uid: Mapping[str, JSON],
     fraction_refused: Callable[[str], bool] = lambda _uid: False,
-    fraction_blocked: Callable[[WorkloadDecision], str] = lambda _d: "",
     job_resource: Resource | None = None,
     pod_resource: Resource | None = None,
 ) -> Diff:
     """Every write (HAMi first, then priorities) and notice for the decisions of a plan.
 
     `workload(key)` / `job(key)` look objects up in the caches by "namespace/name";
-    `fraction_refused(job_uid)`: the cluster refused that Job's GPU-fraction change before;
-    `fraction_blocked(decision)`: why its fraction must not be written ("" = no reason).
+    `fraction_refused(job_uid)`: the cluster refused that Job's GPU-fraction change before.
     Decisions for admitted Workloads get their priority written, nothing else."""
     from controller.live.api import JOBS, PODS
 
@@ -394,8 +376,7 @@ def plan_diff(
             if not uid or uid != str((controller_owner(raw) or {}).get("uid") or ""):
                 continue  # not the Job the reference names (recreated, or a forged reference)
             part = diff_job_hami(d, owner_job, jobs_res,
-                                 False if fraction_refused(uid) else None,
-                                 fraction_blocked(d))
+                                 False if fraction_refused(uid) else None)
         else:
             owned = [pods_by_uid[uid] for uid in owner_uids(raw) if uid in pods_by_uid]
             part = diff_pods_hami(d, owned, pods_res)

@@ -435,7 +435,6 @@ class LiveController:
             plan.decisions, self.mode.mode, self._resource(WORKLOADS),
             self.informers["workloads"].get, self.informers["jobs"].get, pods_by_uid,
             fraction_refused=self.applier.refused_fraction,
-            fraction_blocked=lambda d: d.hami.fraction_blocked if d.hami is not None else "",
         )
 
     # -- observability --------------------------------------------------------------------
