@@ -1,7 +1,8 @@
 """The Kueue Workload on the wire: everything the controller reads from a Workload object as the
 API server holds it, and every patch it writes to one.
 
-One owner for the format (as Kueue's own `pkg/workload` is for Kueue): the condition checks,
+One owner for the format (as Kueue's own `pkg/workload` is for Kueue): the observed Workload
+(`WorkloadInfo`: the object with its parsed value, once per resourceVersion), the condition checks,
 the controller owner, the effective priority Kueue orders by, the base-priority rule, the
 `wdrf.x-k8s.io/priority-terms` annotation (`Terms`), the priority patch and the undo patch.
 `controller.parse` turns a Workload into the domain value `compute_plan` reads; the live diff,
@@ -159,6 +160,32 @@ def spec_priority(obj: Mapping[str, Any]) -> int | None:
         return int(value)
     except (TypeError, ValueError):
         return None
+
+
+# -- one observed Workload ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadInfo:
+    """One Workload as a cycle observed it: the object the API server returned (what every
+    patch is computed and compare-and-swapped against) with the domain value the plan read
+    from it and its owners, built once per resourceVersion by the snapshot builder."""
+
+    obj: Mapping[str, Any]
+    workload: Workload
+    owner_job_key: str | None  # the informer key of its controlling batch/v1 Job, if any
+    owner_job_uid: str  # that Job's UID as the reference names it ("" without one)
+    owner_uids: tuple[str, ...]  # every owner reference's UID (a pod group's pods)
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any], workload: Workload) -> WorkloadInfo:
+        job = owner_job_key_of(workload)
+        uid = str((controller_owner(obj) or {}).get("uid") or "") if job is not None else ""
+        return cls(obj, workload, job, uid, tuple(owner_uids(obj)))
+
+    @property
+    def key(self) -> str:
+        return self.workload.key
 
 
 # -- the base priority ------------------------------------------------------------------------

@@ -21,7 +21,8 @@ counts it as a conflict and the next cycle plans again from fresh state.
   container's name tested) of a suspended, never-started owner Job, with `test /spec/suspend
   == true` so a Job Kueue has just unsuspended is never touched; annotations of a pod group's
   gated pods.
-* `plan_diff`: all of the above for a whole plan, from lookups into the caches.
+* `plan_diff`: all of the above for a whole plan, from the Workloads the plan read
+  (`controller.workload.WorkloadInfo`) and lookups into the Job and pod caches.
 
 Anything that should be written but cannot be is returned as a `Notice` (an Event to emit).
 """
@@ -39,13 +40,11 @@ from controller.live.api import JSON, JSON_PATCH, Resource
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
 from controller.workload import (
     PriorityTarget,
+    WorkloadInfo,
     annotation_ops,
     annotations_of,
     compare_and_swap,
-    controller_owner,
     meta,
-    owner_job_key,
-    owner_uids,
     pointer,
     priority_patch,
 )
@@ -133,7 +132,8 @@ def ref_of(obj: Mapping[str, Any], resource: Resource) -> ObjectRef:
 
 
 def diff_priority(
-    decision: WorkloadDecision, workload: JSON, resource: Resource, mode: PriorityMode
+    decision: WorkloadDecision, workload: Mapping[str, Any], resource: Resource,
+    mode: PriorityMode,
 ) -> Change | None:
     """The write (if any) that brings one Workload's priority to the decision
     (`controller.workload.priority_patch`)."""
@@ -337,7 +337,7 @@ def plan_diff(
     decisions: Sequence[WorkloadDecision],
     mode: PriorityMode,
     workload_resource: Resource,
-    workload: Lookup,
+    workloads: Mapping[str, WorkloadInfo],
     job: Lookup,
     pods_by_uid: Mapping[str, JSON],
     fraction_refused: Callable[[str], bool] = lambda _uid: False,
@@ -346,9 +346,11 @@ def plan_diff(
 ) -> Diff:
     """Every write (HAMi first, then priorities) and notice for the decisions of a plan.
 
-    `workload(key)` / `job(key)` look objects up in the caches by "namespace/name";
-    `fraction_refused(job_uid)`: the cluster refused that Job's GPU-fraction change before.
-    Decisions for admitted Workloads get their priority written, nothing else."""
+    `workloads`: the Workloads the plan was computed from, by "namespace/name" (each write is
+    computed against the very object the plan read); `job(key)` looks an owner Job up in the
+    cache by "namespace/name"; `fraction_refused(job_uid)`: the cluster refused that Job's
+    GPU-fraction change before. Decisions for admitted Workloads get their priority written,
+    nothing else."""
     from controller.live.api import JOBS, PODS
 
     jobs_res = job_resource or JOBS
@@ -359,26 +361,25 @@ def plan_diff(
     for d in decisions:
         if d.leave_unchanged:
             continue
-        raw = workload(d.key)
-        if raw is None:
+        info = workloads.get(d.key)
+        if info is None:
             continue
-        change = diff_priority(d, raw, workload_resource, mode)
+        change = diff_priority(d, info.obj, workload_resource, mode)
         if change is not None:
             priority.append(change)
         if d.hami is None or d.admitted:
             continue
-        job_key = owner_job_key(raw)
-        if job_key is not None:
-            owner_job = job(job_key)
+        if info.owner_job_key is not None:
+            owner_job = job(info.owner_job_key)
             if owner_job is None:
                 continue
             uid = str(meta(owner_job).get("uid") or "")
-            if not uid or uid != str((controller_owner(raw) or {}).get("uid") or ""):
+            if not uid or uid != info.owner_job_uid:
                 continue  # not the Job the reference names (recreated, or a forged reference)
             part = diff_job_hami(d, owner_job, jobs_res,
                                  False if fraction_refused(uid) else None)
         else:
-            owned = [pods_by_uid[uid] for uid in owner_uids(raw) if uid in pods_by_uid]
+            owned = [pods_by_uid[uid] for uid in info.owner_uids if uid in pods_by_uid]
             part = diff_pods_hami(d, owned, pods_res)
         hami.extend(part.changes)
         notices.extend(part.notices)

@@ -410,7 +410,7 @@ class LiveController:
     def _write(self, plan: Plan, built: Built, report: CycleReport) -> None:
         diff = self.diff(plan, built)
         report.changes, report.notices = list(diff.changes), list(diff.notices)
-        report.applied = self.cycle_writer.write(plan, diff, built.workloads)
+        report.applied = self.cycle_writer.write(plan, diff, built.infos)
         if self.history is not None and not self.dry_run:
             self.history_store.save(self.history)
         self._report_invalid_history()
@@ -433,7 +433,7 @@ class LiveController:
         pods_by_uid = {str(p["metadata"].get("uid")): p for p in self.informers["pods"].items()}
         return plan_diff(
             plan.decisions, self.mode.mode, self._resource(WORKLOADS),
-            self.informers["workloads"].get, self.informers["jobs"].get, pods_by_uid,
+            built.infos, self.informers["jobs"].get, pods_by_uid,
             fraction_refused=self.applier.refused_fraction,
         )
 
@@ -445,9 +445,9 @@ class LiveController:
         for d in plan.decisions:
             cls = d.breakdown.priority_class.value if d.breakdown else "unknown"
             by_class[cls] = by_class.get(cls, 0) + 1
-            wl = built.workloads.get(d.key)
-            if wl is not None:
-                wait = max((plan.now - wl.created).total_seconds(), 0.0)
+            info = built.infos.get(d.key)
+            if info is not None:
+                wait = max((plan.now - info.workload.created).total_seconds(), 0.0)
                 cq = d.cluster_queue or "-"
                 oldest[cq] = max(oldest.get(cq, 0.0), wait)
         m = self.metrics

@@ -6,6 +6,7 @@ tick (a new urgent/approved workload, or a change of class annotations).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -27,10 +28,10 @@ from controller.domain import (
 from controller.live.api import JSON
 from controller.live.cache import object_key, resource_version
 from controller.workload import (
+    WorkloadInfo,
     annotations_of,
     is_quota_reserved,
     owner_job_key,
-    owner_job_key_of,
     owner_key,
 )
 
@@ -63,6 +64,11 @@ class ParseCache(Generic[T]):
         self._entries[key] = entry
         return entry[1], entry[2]
 
+    def replace(self, obj: JSON, value: T) -> None:
+        """Keep `value` for `obj`, whose resourceVersion is cached already (re-read unchanged)."""
+        rv, _, problems = self._entries[object_key(obj)]
+        self._entries[object_key(obj)] = (rv, value, problems)
+
     def prune(self, live: Iterable[JSON]) -> None:
         keep = {object_key(o) for o in live}
         for key in [k for k in self._entries if k not in keep]:
@@ -83,12 +89,27 @@ class Parsers:
 @dataclass
 class Built:
     snapshot: ClusterSnapshot
-    workloads: dict[str, Workload] = field(default_factory=dict)  # key -> parsed
+    # key -> the observed Workload (finished ones left out, as from the snapshot)
+    infos: dict[str, WorkloadInfo] = field(default_factory=dict)
+
+    @property
+    def workloads(self) -> dict[str, Workload]:
+        """key -> the parsed Workload."""
+        return {k: i.workload for k, i in self.infos.items()}
+
+
+def _info_parser(parse: Parser[Workload]) -> Parser[WorkloadInfo]:
+    """Parses a Workload into its `WorkloadInfo` (so the cache keeps both per resourceVersion)."""
+    def parse_info(obj: JSON) -> tuple[WorkloadInfo | None, list[InputProblem]]:
+        workload, problems = parse(obj)
+        return (WorkloadInfo.of(obj, workload) if workload is not None else None), problems
+
+    return parse_info
 
 
 class SnapshotBuilder:
     def __init__(self, parsers: Parsers) -> None:
-        self._wl = ParseCache(parsers.workload)
+        self._wl = ParseCache(_info_parser(parsers.workload))
         self._cq = ParseCache(parsers.cluster_queue)
         self._lq = ParseCache(parsers.local_queue)
         self._job = ParseCache(parsers.job)
@@ -113,22 +134,28 @@ class SnapshotBuilder:
         admission_checks: list[JSON] | None = None,
     ) -> Built:
         problems: list[InputProblem] = []
-        parsed_wls: dict[str, Workload] = {}
+        infos: dict[str, WorkloadInfo] = {}
         for obj in workloads:
-            wl, p = self._wl.get(obj)
+            info, p = self._wl.get(obj)
             problems.extend(p)
-            if wl is not None and not wl.finished:
-                parsed_wls[wl.key] = wl
+            if info is not None and info.obj is not obj:
+                # The same resourceVersion read again (a relist): hold the informer's object,
+                # not a stale copy of it.
+                info = dataclasses.replace(info, obj=obj)
+                self._wl.replace(obj, info)
+            if info is not None and not info.workload.finished:
+                infos[info.key] = info
+        parsed_wls = [i.workload for i in infos.values()]
         cqs = self._parse_all(self._cq, cluster_queues, problems)
         lqs = self._parse_all(self._lq, local_queues, problems)
         job_objs = []
-        for wl in parsed_wls.values():
-            key = owner_job_key_of(wl)
+        for info in infos.values():
+            key = info.owner_job_key
             if key is not None and key in jobs:
                 job_objs.append(jobs[key])
         parsed_jobs = self._parse_all(self._job, job_objs, problems)
         owner_objs = [
-            owners[k] for wl in parsed_wls.values() if wl.owner is not None and owners
+            owners[k] for wl in parsed_wls if wl.owner is not None and owners
             and (k := owner_key(wl.namespace, wl.owner.kind, wl.owner.name)) in owners
         ]
         parsed_owners = (self._parse_all(self._owner, owner_objs, problems)
@@ -145,7 +172,7 @@ class SnapshotBuilder:
         if self._owner is not None:
             self._owner.prune(owner_objs)
         snapshot = ClusterSnapshot(
-            workloads=tuple(parsed_wls.values()),
+            workloads=tuple(parsed_wls),
             cluster_queues=tuple(cqs),
             local_queues=tuple(lqs),
             jobs=tuple(parsed_jobs),
@@ -154,7 +181,7 @@ class SnapshotBuilder:
             admission_checks=tuple(checks),
             problems=tuple(problems),
         )
-        return Built(snapshot, parsed_wls)
+        return Built(snapshot, infos)
 
     @staticmethod
     def _parse_all(cache: ParseCache[T], objs: list[JSON], problems: list[InputProblem]) -> list[T]:

@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from controller.domain import Workload
 from controller.live.apply import APPLIED, DEFERRED, NOOP, Applier, ApplyReport, Outcome
 from controller.live.diff import PRIORITY, Change, Diff
 from controller.live.events import EventRecorder
@@ -36,6 +35,7 @@ from controller.plan import (
     pool_of,
     positions_right,
 )
+from controller.workload import WorkloadInfo
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class CycleWriter:
         self._stopping = stopping
         self._unconverged_since: dict[str, float] = {}  # ClusterQueue -> monotonic time
 
-    def write(self, plan: Plan, diff: Diff, workloads: Mapping[str, Workload]) -> ApplyReport:
+    def write(self, plan: Plan, diff: Diff, workloads: Mapping[str, WorkloadInfo]) -> ApplyReport:
         """Send one plan's changes; the report has an outcome for every change (DEFERRED for
         those over the budget or held behind a guard that did not land)."""
         hami = [c for c in diff.changes if c.what != PRIORITY]
@@ -70,7 +70,8 @@ class CycleWriter:
                 self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
 
         def after(outcome: Outcome) -> None:
-            outcome_events(self.events, outcome, workloads.get(outcome.change.decision.key))
+            info = workloads.get(outcome.change.decision.key)
+            outcome_events(self.events, outcome, info.workload if info is not None else None)
 
         guards, raises, held = self._guards_first(prio, after)
         if held:

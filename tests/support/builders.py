@@ -4,7 +4,7 @@ them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -25,6 +25,8 @@ from controller.domain import (
     Workload,
     frozen_resources,
 )
+from controller.parse import parse_workload
+from controller.workload import WorkloadInfo
 
 NOW = datetime(2025, 11, 20, 12, 0, 0, tzinfo=UTC)
 V1B2 = "kueue.x-k8s.io/v1beta2"
@@ -163,6 +165,19 @@ def job_dict(name: str, namespace: str = "team-a", *, annotations: Mapping[str, 
 
 def as_list(*items: Mapping[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "List", "items": list(items)}
+
+
+def workload_infos(objs: Iterable[Mapping[str, Any]]) -> dict[str, WorkloadInfo]:
+    """The Workloads among `objs` as the snapshot builder observes them, by key (what
+    `plan_diff` reads); those that do not parse are left out, as there."""
+    out: dict[str, WorkloadInfo] = {}
+    for obj in objs:
+        if obj.get("kind", "Workload") != "Workload":
+            continue
+        workload, _ = parse_workload(obj)
+        if workload is not None:
+            out[workload.key] = WorkloadInfo.of(obj, workload)
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -140,6 +140,33 @@ def test_steady_cycle_reparses_nothing() -> None:
     assert c.builder.parse_count == parsed
 
 
+def test_workload_info_is_built_once_per_resource_version() -> None:
+    """The snapshot builder keeps each Workload's observed object and parsed value until its
+    resourceVersion changes; the diff computes writes against that very object."""
+    api = FakeApi()
+    cluster(api)
+    for name in ("w0", "w1"):
+        workload(api, "team-a", name)
+    c = controller(api, settings())
+    c.run_cycle(NOW)
+    resync(c)
+    first = c.snapshot().infos
+    assert first.keys() == {"team-a/w0", "team-a/w1"}
+    assert all(c.snapshot().infos[k] is first[k] for k in first)
+    wl = stored(api, "team-a", "w0")
+    wl["metadata"].setdefault("labels", {})["x"] = "y"
+    api.put_object(WORKLOADS.item("w0", "team-a"), wl)
+    parsed = c.builder.parse_count
+    resync(c)  # a relist: every object read again, w1 unchanged
+    after = c.snapshot().infos
+    assert c.builder.parse_count == parsed + 1
+    assert after["team-a/w0"].workload.labels["x"] == "y"
+    assert after["team-a/w1"].workload is first["team-a/w1"].workload
+    # the informer's object, not the copy read before the relist
+    for key in first:
+        assert after[key].obj is c.informers["workloads"].get(key)
+
+
 def test_spec_mode_reasserts_after_kueue_resets_priority() -> None:
     api = FakeApi()
     cluster(api)

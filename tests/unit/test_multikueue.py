@@ -22,6 +22,7 @@ from tests.support.builders import (
     local_queue_dict,
     settings,
     workload_dict,
+    workload_infos,
 )
 from tests.support.fake import FakeApi
 
@@ -74,9 +75,8 @@ def plan_of(objs: list[dict[str, Any]], mode: PriorityMode) -> tuple[Plan, dict[
 
 
 def priority_writes(plan: Plan, objs: list[dict[str, Any]], mode: PriorityMode) -> set[str]:
-    by_key = {f"{o['metadata'].get('namespace')}/{o['metadata']['name']}": copy.deepcopy(o)
-              for o in objs if o["kind"] == "Workload"}
-    diff = plan_diff(plan.decisions, mode, WORKLOADS, by_key.get, lambda _k: None, {})
+    infos = workload_infos(copy.deepcopy(o) for o in objs)
+    diff = plan_diff(plan.decisions, mode, WORKLOADS, infos, lambda _k: None, {})
     return {c.ref.name for c in diff.changes if c.what == PRIORITY}
 
 
