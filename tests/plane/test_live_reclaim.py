@@ -25,6 +25,11 @@ alone meanwhile: a guard written then took it out of Kueue's preemption under wa
 it back pending with the guard's value, above its preemptor, and it took its GPU back (the
 budget, reading Kueue's Preempted condition that readmission clears, then exposed another).
 
+Two shorter tests: with reclaim on, an urgent Job preempts through the class guard as it did
+without (nothing exposed, the victim not taken twice); and with Kueue's Fair Sharing on
+per-team ClusterQueues the controller adds no reclaim to Kueue's (no heavy Workload exposed, no
+preemption by priority, each heavy Workload Kueue left running written once at most: audit log).
+
 No Job uses a WorkloadPriorityClass: Kueue v0.19 retries its inadmissible Workloads when an
 admitted Workload's effective priority changes only for Workloads with one
 (`workload.PriorityChanged`), so the controller writes each Workload that may take a victim one
@@ -42,7 +47,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.domain import PRIORITY_TERMS_ANNOTATION
+from controller.domain import PRIORITY_TERMS_ANNOTATION, URGENT_ANNOTATION
 from tests.plane import live_helpers as h
 from tests.support import kube
 from tests.support.plane import Plane
@@ -209,3 +214,133 @@ def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
                 assert any("reclaimable" in m and light in m for m in said), said
     finally:
         h.cleanup(api, [heavy, light], [cq])
+
+
+def test_under_reclaim_urgent_work_preempts_as_before(
+    e2e_plane: Plane, api: k8s.ApiClient, kubeconfig: Path,
+) -> None:
+    """Reclaim on, nothing reclaimable yet (MIN_RUNTIME 1h): a light normal Job waits, an
+    urgent one preempts one heavy Job at once, through the class guard as without reclaim,
+    and the victim is not exposed, not taken again, and does not take its GPU back."""
+    heavy, light = kube.create_namespace(api), kube.create_namespace(api)
+    cq = kube.unique_name("cq-urgent")
+    kube.create_cluster_queue(
+        api, cq, {GPU: 4}, preemption={"withinClusterQueue": "LowerPriority"},
+        namespace_selector={"matchExpressions": [{"key": "kubernetes.io/metadata.name",
+                                                  "operator": "In", "values": [heavy, light]}]})
+    for ns in (heavy, light):
+        kube.create_local_queue(api, ns, "lq", cq)
+    try:
+        held = []
+        for i in range(4):
+            h.create_job(api, heavy, f"h-{i}", "lq", requests={GPU: "1"})
+            held.append(h.job_workload(api, heavy, f"h-{i}"))
+        for w in held:
+            kube.wait_for_workload_condition(api, heavy, w, "QuotaReserved")
+        settings = h.live_settings(
+            RESOURCE_WEIGHTS="{nvidia.com/gpu: 1}", RECLAIM_ENABLED="true", MIN_RUNTIME="1h",
+            RECLAIM_BUDGET_PER_HOUR="10", LOOP_INTERVAL=f"{LOOP:g}")
+        c = h.new_controller(kubeconfig, settings)
+        with h.started(c, loop=True):
+            h.create_job(api, light, "normal", "lq", requests={GPU: "1"})
+            normal = h.job_workload(api, light, "normal")
+            kube.wait_for(lambda: "priority-boost" in " ".join(
+                kube.get_workload(api, light, normal)["metadata"].get("annotations") or {}),
+                30, "the controller to write the light normal Job's priority")
+            time.sleep(3 * LOOP)
+            assert not preempted(api, heavy), "reclaimed before MIN_RUNTIME"
+
+            h.create_job(api, light, "urgent", "lq", requests={GPU: "1"},
+                         annotations={URGENT_ANNOTATION: "true"})
+            urgent = h.job_workload(api, light, "urgent")
+            kube.wait_for_workload_condition(api, light, urgent, "QuotaReserved", timeout=30)
+            time.sleep(3 * LOOP)  # a few more cycles: nothing else may be preempted
+
+            victims = preempted(api, heavy)
+            assert len(victims) == 1, sorted(victims)
+            (victim, wl), = victims.items()
+            uid = kube.get_workload(api, light, urgent)["metadata"]["uid"]
+            assert kueue_preemptions(api, heavy) == [
+                (victim, uid, "prioritization in the ClusterQueue")]
+            assert not kueue_preemptions(api, light)
+            assert kube.is_pending(kube.get_workload(api, light, normal))
+            terms = (wl["metadata"].get("annotations") or {}).get(PRIORITY_TERMS_ANNOTATION, "")
+            assert "reclaim" not in terms, terms
+            assert not any("reclaimable" in e["message"]
+                           for w in held for e in h.events_for(api, heavy, w))
+            assert reservations(api, heavy)[victim] == 1, reservations(api, heavy)
+            assert kube.is_pending(kube.get_workload(api, heavy, victim))
+    finally:
+        h.cleanup(api, [heavy, light], [cq])
+
+
+def test_with_fair_sharing_on_per_team_queues_no_second_reclaim(
+    e2e_plane: Plane, api: k8s.ApiClient, kubeconfig: Path,
+) -> None:
+    """Kueue Fair Sharing, one ClusterQueue per team in a cohort, reclaim on: the heavy team
+    borrowed the light team's 2 GPUs; the light team asks for 3. Kueue's Fair Sharing takes
+    back the 2 borrowed, and the controller adds nothing: no third preemption, no heavy
+    Workload exposed, each one it wrote written once (its guard; apiserver audit log)."""
+    heavy, light = kube.create_namespace(api), kube.create_namespace(api)
+    cohort = kube.unique_name("co")
+    cqs = {ns: kube.unique_name("cq-fs") for ns in (heavy, light)}
+    preemption = {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"}
+    fair = {"fairSharing": {"preemptionStrategies": ["LessThanOrEqualToFinalShare",
+                                                     "LessThanInitialShare"]}}
+    with e2e_plane.kueue_configured(extra={**e2e_plane.kueue_settings.extra, **fair}):
+        try:
+            for ns, cq in cqs.items():
+                kube.create_cluster_queue(
+                    api, cq, {GPU: 2}, preemption=preemption, cohort=cohort,
+                    namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": ns}})
+                kube.create_local_queue(api, ns, "lq", cq)
+            held = []
+            for i in range(4):
+                h.create_job(api, heavy, f"h-{i}", "lq", requests={GPU: "1"})
+                held.append(h.job_workload(api, heavy, f"h-{i}"))
+            for w in held:
+                kube.wait_for_workload_condition(api, heavy, w, "QuotaReserved", timeout=60)
+            settings = h.live_settings(
+                RESOURCE_WEIGHTS="{nvidia.com/gpu: 1}", RECLAIM_ENABLED="true",
+                MIN_RUNTIME="1s", RECLAIM_BUDGET_PER_HOUR="10", LOOP_INTERVAL=f"{LOOP:g}")
+            c = h.new_controller(kubeconfig, settings)
+            with h.started(c, loop=True):
+                mine = []
+                for i in range(3):
+                    h.create_job(api, light, f"l-{i}", "lq", requests={GPU: "1"})
+                    mine.append(h.job_workload(api, light, f"l-{i}"))
+
+                def admitted() -> list[str]:
+                    return [w for w in mine if kube.has_condition(
+                        kube.get_workload(api, light, w), "QuotaReserved")]
+
+                kube.wait_for(lambda: len(admitted()) >= 2, 60,
+                              "Kueue's Fair Sharing to give the light team its 2 GPUs back",
+                              lambda: h.dump_workloads(api, [heavy, light]))
+                time.sleep(5 * LOOP)  # several cycles: nothing more may be preempted
+                assert len(admitted()) == 2, admitted()
+
+            victims = preempted(api, heavy)
+            assert len(victims) == 2, sorted(victims)
+            events = kueue_preemptions(api, heavy)
+            assert Counter(v for v, _, _ in events) == {v: 1 for v in victims}, events
+            # Kueue's own reclaim across the cohort's queues, never by priority in a queue
+            assert {r for _, _, r in events} <= {"Fair Sharing within the cohort",
+                                                 "reclamation within the cohort"}, events
+            assert not kueue_preemptions(api, light)
+            for w in kube.list_workloads(api, heavy):
+                terms = (w["metadata"].get("annotations") or {}).get(
+                    PRIORITY_TERMS_ANNOTATION, "")
+                assert "reclaim" not in terms, terms
+            said = [e["message"] for w in held for e in h.events_for(api, heavy, w)]
+            assert not any("reclaimable" in m for m in said), said
+            writes = Counter(
+                (e.get("objectRef") or {}).get("name") for e in e2e_plane.audit_events(
+                    "wdrf-controller")
+                if e.get("verb") == "patch" and e.get("stage") == "ResponseComplete"
+                and (e.get("objectRef") or {}).get("namespace") == heavy
+                and (e.get("objectRef") or {}).get("resource") == "workloads")
+            kept = [w for w in held if w not in victims]
+            assert all(writes[w] <= 1 for w in kept), writes
+        finally:
+            h.cleanup(api, [heavy, light], list(cqs.values()))
