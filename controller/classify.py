@@ -7,7 +7,9 @@ now. Pure functions over domain objects; bad values are `InputProblem`s, never e
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from controller.config import MAX_OVERRIDE
 from controller.domain import (
@@ -26,6 +28,9 @@ from controller.domain import (
     Workload,
 )
 from controller.workload import implied_base as implied_base  # policy imports it from here
+
+if TYPE_CHECKING:
+    from controller.config import PolicySettings
 
 _UNSIGNED = re.compile(r"^[0-9]{1,10}$")
 _SIGNED = re.compile(r"^-?[0-9]{1,10}$")
@@ -118,6 +123,26 @@ def ranked_base(workload: Workload, base: int) -> int:
     if workload.workload_priority_class and workload.priority_class_name in CLASS_PRIORITY_CLASSES:
         return 0
     return base
+
+
+def stand_in_warnings(workloads: Iterable[Workload], settings: PolicySettings) -> list[str]:
+    """One warning per class stand-in whose value, as Kueue gave it to a Workload (its base:
+    spec.priority without this controller), is not what these settings need
+    (`PolicySettings.stand_in_value`): the classes would not hold, or approved work would
+    preempt normal work, while the controller is down."""
+    want = {f"wdrf-{c.value}": settings.stand_in_value(c) for c in PriorityClass}
+    seen: dict[str, tuple[int, str]] = {}
+    for w in workloads:
+        name = w.priority_class_name
+        if name is None or name not in want or name in seen or not w.workload_priority_class:
+            continue
+        base = implied_base(w.priority, w.annotations)
+        if base is not None and base != want[name]:
+            seen[name] = (base, w.key)
+    return [f"WorkloadPriorityClass {name} has value {value} (Workload {key}); with these "
+            f"settings the class stand-in must be {want[name]} "
+            "(manifests/admission/class-priority.yaml), or the class order does not hold "
+            "while the controller is down" for name, (value, key) in sorted(seen.items())]
 
 
 def read_current_boost(workload: Workload) -> tuple[int | None, list[InputProblem]]:

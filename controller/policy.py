@@ -50,7 +50,13 @@ from controller.accounting import (
     team_weight,
     weighted_share,
 )
-from controller.classify import Classified, clamp_int32, classify, implied_base
+from controller.classify import (
+    Classified,
+    clamp_int32,
+    classify,
+    implied_base,
+    stand_in_warnings,
+)
 from controller.config import MAX_TEAM_WEIGHT, MIN_TEAM_WEIGHT, PolicySettings
 from controller.domain import (
     INT32_MAX,
@@ -1011,6 +1017,7 @@ def plan_warnings(
                         f"{', '.join(unknown_teams)} (a typo, or idle teams)")
     if not acc.capacity_known:
         warnings.append("no capacity known for any weighted resource: all shares are 0")
+    warnings += stand_in_warnings(g.workloads, settings)
     return warnings
 
 

@@ -391,3 +391,30 @@ def test_a_pod_priority_class_of_a_stand_in_name_is_a_base() -> None:
     w = dataclasses.replace(wl("p", priority=5000), priority_class_name="wdrf-urgent")
     d = one(compute_plan(snapshot([w]), s, NOW))
     assert d.breakdown is not None and d.breakdown.base_term == 25000
+
+
+@pytest.mark.parametrize(("pc", "value", "warned"), [
+    ("wdrf-urgent", 1_500_000, False),
+    ("wdrf-urgent", 150_000, True),  # below the approved guard: urgent could not preempt
+    ("wdrf-approved", 0, False),
+    ("wdrf-approved", 150_000, True),  # approved would preempt unguarded normal work
+    ("wdrf-normal", 0, False),
+    ("high", 150_000, False),  # not a stand-in
+])
+def test_a_stand_in_whose_value_does_not_fit_the_settings_is_warned_about(
+    pc: str, value: int, warned: bool,
+) -> None:
+    w, _ = _parsed("p", {}, value, pc)
+    warnings = [x for x in compute_plan(snapshot([w]), Settings(), NOW).warnings
+                if "stand-in" in x]
+    assert bool(warnings) is warned, warnings
+    if warned:
+        assert pc in warnings[0] and "team-a/p" in warnings[0] and str(value) in warnings[0]
+
+
+def test_the_stand_in_value_is_read_from_the_base_a_spec_write_remembered() -> None:
+    """In spec mode spec.priority holds the controller's value; the stand-in's is the base."""
+    ann = {BASE_PRIORITY_ANNOTATION: "1500000", APPLIED_PRIORITY_ANNOTATION: "1912460"}
+    w, _ = _parsed("p", ann, 1_912_460, "wdrf-urgent")
+    assert not [x for x in compute_plan(snapshot([w]), Settings(), NOW).warnings
+                if "stand-in" in x]
