@@ -36,7 +36,7 @@ from tests.plane import live_helpers as h
 from tests.plane.test_manifests_plane import SCOPE_LABEL, install_manifests, ssa
 from tests.support import kube
 from tests.support.kube import denial
-from tests.support.plane import Plane
+from tests.support.plane import Plane, go_module_dir, load_yaml_docs
 
 pytestmark = pytest.mark.plane
 
@@ -154,6 +154,77 @@ def test_new_jobs_get_their_class_stand_in_and_nobody_picks_a_higher_one(
     assert wl["spec"]["priorityClassRef"]["name"] == "wdrf-normal"
     assert wl["spec"]["priority"] == 0
     h.deactivate(admin, ns, wl["metadata"]["name"])  # out of later plans
+
+
+@pytest.fixture
+def jobset_crd(admin: k8s.ApiClient) -> Iterator[str]:
+    """JobSet's CRD (as pinned by Kueue's go.mod) for the length of one test: the API server
+    runs the admission policies on JobSets; no JobSet controller runs, and this plane's Kueue
+    does not manage them."""
+    path = go_module_dir("kueue", "sigs.k8s.io/jobset") / "config" / "components" / "crd" / \
+        "bases" / "jobset.x-k8s.io_jobsets.yaml"
+    crd = load_yaml_docs(path)[0]
+    name = crd["metadata"]["name"]
+    url = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+    kube.server_side_apply(admin, url, crd, "wdrf-downtime-test")
+
+    def established() -> bool:
+        conditions = (kube.request(admin, "GET", url).get("status") or {}).get("conditions")
+        return any(c["type"] == "Established" and c["status"] == "True"
+                   for c in conditions or [])
+
+    try:
+        kube.wait_for(established, 60, "the JobSet CRD established")
+        yield "/apis/jobset.x-k8s.io/v1alpha2"
+    finally:
+        kube.request(admin, "DELETE", url)
+
+        def gone() -> bool:
+            try:
+                kube.request(admin, "GET", url)
+            except ApiException as e:
+                return e.status == 404
+            return False
+
+        kube.wait_for(gone, 60, "the JobSet CRD deleted")
+
+
+def test_a_jobset_gets_its_class_stand_in_and_users_cannot_pick_a_higher_one(
+    admin: k8s.ApiClient, space: str, jobset_crd: str
+) -> None:
+    ns = space
+    path = f"{jobset_crd}/namespaces/{ns}/jobsets"
+    alice = kube.impersonating_client(admin, "alice", [USERS])
+    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "jobsets", "namespace": ns},
+                "rules": [{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+                           "verbs": ["create"]}]})
+    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "jobsets", "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                            "name": "jobsets"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                              "name": USERS}]})
+
+    def jobset(labels: dict[str, str], annotations: dict[str, str] | None = None) -> Obj:
+        job = kube.job_manifest(ns, "js", None)
+        return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                "metadata": {"name": "js", "namespace": ns,
+                             "labels": {"kueue.x-k8s.io/queue-name": "lq", **labels},
+                             "annotations": dict(annotations or {})},
+                "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {
+                    "spec": job["spec"]}}]}}
+
+    def create(api: k8s.ApiClient, body: Obj) -> Obj:
+        return kube.request(api, "POST", path, body, "application/json", {"dryRun": "All"})
+
+    def created(api: k8s.ApiClient, body: Obj) -> Obj:
+        return kube.wait_for(lambda: create(api, body), 30, "a JobSet accepted")
+
+    assert _label(created(alice, jobset({}))) == "wdrf-normal"
+    assert _label(created(admin, jobset({}, {URGENT_ANNOTATION: "true"}))) == "wdrf-urgent"
+    status, message = denial(lambda: create(alice, jobset({PC_LABEL: "wdrf-urgent"})))
+    assert status == 403 and "wdrf-urgent" in message, message
 
 
 def _preemptions(api: k8s.ApiClient, ns: str) -> list[tuple[str, str]]:

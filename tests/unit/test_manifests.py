@@ -660,8 +660,11 @@ def test_class_stand_ins_are_the_names_the_controller_reads_with_the_values_it_p
     assert wpcs["wdrf-urgent"] > settings.guard(PriorityClass.NORMAL)
     assert wpcs["wdrf-approved"] == wpcs["wdrf-normal"]  # APPROVED_PREEMPTS_NORMAL false
     map_ = find(rendered, "MutatingAdmissionPolicy", "wdrf-class-priority")
-    (rule,) = map_["spec"]["matchConstraints"]["resourceRules"]
-    assert set(rule["resources"]) == {"jobs", "cronjobs"} and rule["operations"] == ["CREATE"]
+    rules = map_["spec"]["matchConstraints"]["resourceRules"]
+    assert all(r["operations"] == ["CREATE"] for r in rules)
+    stamped = {(g, res) for r in rules for g in r["apiGroups"] for res in r["resources"]}
+    owners = {(key.split("/")[0], res) for key, res in OWNER_KINDS.items()}
+    assert stamped == {("batch", "jobs"), ("batch", "cronjobs")} | owners, stamped
     text = yaml.safe_dump(map_["spec"])
     for name in CLASS_PRIORITY_CLASSES:
         assert f"'{name}'" in text
