@@ -417,6 +417,12 @@ def pool_capacities(
     return out, source
 
 
+def capacity_known(pools: Mapping[str, Vector], settings: PolicySettings) -> bool:
+    """Some pool has capacity of a resource with a weight (else every share is 0)."""
+    weighted = {resource_of(d) for vec in pools.values() for d, q in vec.items() if q > 0}
+    return any(settings.resource_weights.get(r, 0) > 0 for r in weighted)
+
+
 def cluster_capacity(pools: Mapping[str, Vector]) -> Vector:
     """All pools together (Workloads whose ClusterQueue is unknown are charged against it)."""
     total: Vector = {}

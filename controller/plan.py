@@ -89,7 +89,6 @@ class PriorityBreakdown:
     fairness_level: int
     fairness_term: int
     queued_since: datetime  # creation, or the last eviction (REQUEUE_TIMESTAMP)
-    wait_seconds: float  # now - queued_since
     reference: datetime  # aging reference (the last rebase instant)
     aging_term: int  # AGING_COEFFICIENT x clamp(reference + period - queued_since, 0, cap + period)
     base: int  # base priority as read (spec.priority / base-priority annotation)
@@ -106,6 +105,11 @@ class PriorityBreakdown:
     # Workload of the pool when that one waited longer (it takes the team's head).
     credited_since: datetime | None = None
     exposure: Exposure | None = None  # admitted: the lowered guard, when it is lowered
+
+    def wait_seconds(self, now: datetime) -> float:
+        """How long it has waited at `now` (the plan's clock). Not a field: a decision does not
+        move with the clock, so a pool whose inputs did not change keeps its decisions."""
+        return max((now - self.queued_since).total_seconds(), 0.0)
 
 
 

@@ -21,7 +21,7 @@ Admitted: the class guard (`PolicySettings.guard`), above every pending Workload
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from types import MappingProxyType
@@ -33,6 +33,7 @@ from controller.accounting import (
     Vector,
     active_weights,
     admitted_usage,
+    capacity_known,
     card_memory,
     cluster_capacity,
     demand_dimensions,
@@ -327,14 +328,13 @@ def account(
         level = fairness_level(ts.dominant_share, total, settings)
         shares[pt] = replace(ts, level=level, fairness_term=level_points(level, settings),
                              usage_over_entitlement=ts.dominant_share * total)
-    weighted = {resource_of(d) for vec in capacities.values() for d, q in vec.items() if q > 0}
     return Accounts(
         pending=tuple(pending),
         admitted=tuple(admitted),
         shares=MappingProxyType(shares),
         history=new_history,
         card_mib=card_mib,
-        capacity_known=any(settings.resource_weights.get(r, 0) > 0 for r in weighted),
+        capacity_known=capacity_known(capacities, settings),
         usage=MappingProxyType(dict(usage)),
         current=MappingProxyType(dict(current)),
         capacity=MappingProxyType(pool_caps),
@@ -462,7 +462,6 @@ def _score_team(
     """Progressive filling over one team's queue in one pool (already in team order)."""
     ref = reference(now, settings.rebase_period)
     ref_ts, ref_iso = ref.timestamp(), iso(ref)
-    now_ts = now.timestamp()
     levels = settings.fairness_levels
     cap = acc.capacity.get(pool, {})
     total = acc.total_weight.get(pool, 0.0)
@@ -510,7 +509,7 @@ def _score_team(
         s.breakdown = PriorityBreakdown(
             cls, classes.weight[cls], classes.term[cls], team, pool,
             ranked_by, before, level, fairness,
-            s.since, max(now_ts - s.since.timestamp(), 0.0), ref, aging, c.base, bterm,
+            s.since, ref, aging, c.base, bterm,
             c.override, target, False, clamped, ts.dominant_share,
             credited if credited != s.since else None,
         )
@@ -863,6 +862,9 @@ def guard_admitted(
     pools where preemption can reach them."""
     classes = _ClassTerms(settings)
     protected_from = _protected_from(settings)
+    # A guard's breakdown has no wait: its times are the aging reference, which (unlike the
+    # clock) changes only at a rebase.
+    ref = reference(now, settings.rebase_period)
     threats = pending_threats(scored)
     ranked = rank_threats(scored) if victims else {}
     # Guards of one (class, team, pool, base, override) share their breakdown and terms.
@@ -895,7 +897,7 @@ def guard_admitted(
                         victim.exposure.reason] and old.get("for") == ",".join(
                         victim.exposure.for_teams):
                     continue  # already exposed to exactly these, at a value that still works
-                out.append(_exposed(m, c, acc, classes, low, victim.exposure, now))
+                out.append(_exposed(m, c, acc, classes, low, victim.exposure, ref))
                 continue
         if c.override is None:
             current = kueue_priority(w, c)
@@ -916,7 +918,7 @@ def guard_admitted(
             breakdown = PriorityBreakdown(
                 cls, classes.weight[cls], classes.term[cls], m.team, m.pool,
                 ts.dominant_resource if ts else None, ts.dominant_share if ts else 0.0,
-                ts.level if ts else 0, 0, now, 0.0, now, 0, c.base, 0, c.override, target,
+                ts.level if ts else 0, 0, ref, ref, 0, c.base, 0, c.override, target,
                 True, clamped,
             )
             hit = (breakdown, guard_terms(cls, m.team, m.pool, c.override, target), boost,
@@ -937,14 +939,14 @@ def guard_admitted(
 
 
 def _exposed(m: Member, c: Classified, acc: Accounts, classes: _ClassTerms, target: int,
-             exposure: Exposure, now: datetime) -> WorkloadDecision:
+             exposure: Exposure, ref: datetime) -> WorkloadDecision:
     w, cls = m.workload, c.priority_class
     boost, clamped = _boost(target, c.base)
     ts = acc.shares.get((m.pool, m.team))
     breakdown = PriorityBreakdown(
         cls, classes.weight[cls], classes.term[cls], m.team, m.pool,
         ts.dominant_resource if ts else None, ts.dominant_share if ts else 0.0,
-        ts.level if ts else 0, 0, now, 0.0, now, 0, c.base, 0, None, target, True, clamped,
+        ts.level if ts else 0, 0, ref, ref, 0, c.base, 0, None, target, True, clamped,
         ts.dominant_share if ts else 0.0, None, exposure,
     )
     problems = c.problems
@@ -988,10 +990,15 @@ def order(scored: list[Scored]) -> list[WorkloadDecision]:
 
 
 def plan_warnings(
-    g: Gathered, acc: Accounts, settings: PolicySettings
+    queues: Iterable[ClusterQueue], unknown: int, teams: Collection[str], capacity_known: bool,
+    workloads: Iterable[Workload], settings: PolicySettings,
 ) -> list[str]:
+    """The settings' warnings and the cluster's: ClusterQueues where the planned order may not
+    hold, `unknown` pending Workloads with an unknown LocalQueue, TEAM_WEIGHTS naming none of
+    the `teams` with shares, no capacity known, class stand-ins the (unfinished) `workloads`
+    show with a value these settings do not need."""
     warnings = list(settings.warnings())
-    for queue in sorted(g.queues.values(), key=lambda c: c.name):
+    for queue in sorted(queues, key=lambda c: c.name):
         if queue.preemption.within_cluster_queue == "LowerOrNewerEqualPriority":
             warnings.append(
                 f"ClusterQueue {queue.name}: withinClusterQueue=LowerOrNewerEqualPriority: "
@@ -1004,20 +1011,18 @@ def plan_warnings(
                 f"ClusterQueue {queue.name}: Admission Fair Sharing orders by LocalQueue usage "
                 "before priority, so the planned order may not hold there"
             )
-    unknown = sum(1 for m in acc.pending if m.cluster_queue is None)
     if unknown:
         warnings.append(
             f"{unknown} pending workload(s) use a LocalQueue not in the snapshot "
             "(ClusterQueue unknown; ranked under '-', shares against the whole cluster)"
         )
-    seen = {team for (_pool, team) in acc.shares}
-    unknown_teams = sorted(t for t in settings.team_weights if t not in seen)
-    if unknown_teams and seen:
+    unknown_teams = sorted(t for t in settings.team_weights if t not in teams)
+    if unknown_teams and teams:
         warnings.append(f"TEAM_WEIGHTS names team(s) with no Workloads here: "
                         f"{', '.join(unknown_teams)} (a typo, or idle teams)")
-    if not acc.capacity_known:
+    if not capacity_known:
         warnings.append("no capacity known for any weighted resource: all shares are 0")
-    warnings += stand_in_warnings(g.workloads, settings)
+    warnings += stand_in_warnings(workloads, settings)
     return warnings
 
 
@@ -1067,7 +1072,7 @@ def kueue_team_weights(
     return weights, notes
 
 
-def _team_summary(shares: Mapping[PoolTeam, TeamShare]) -> Mapping[str, TeamShare]:
+def team_summary(shares: Mapping[PoolTeam, TeamShare]) -> Mapping[str, TeamShare]:
     """Per team, its share in the pool where it is largest (ties: the first pool by name)."""
     best: dict[str, TeamShare] = {}
     for (_pool, team), ts in sorted(shares.items()):
@@ -1104,9 +1109,12 @@ def compute_plan(
     return Plan(
         now=now,
         decisions=tuple(decisions),
-        teams=_team_summary(acc.shares),
+        teams=team_summary(acc.shares),
         problems=g.plan_problems,
-        warnings=(*plan_warnings(g, acc, configured), *weight_notes),
+        warnings=(*plan_warnings(
+            g.queues.values(), sum(1 for m in acc.pending if m.cluster_queue is None),
+            {team for (_pool, team) in acc.shares}, acc.capacity_known, g.workloads, configured),
+            *weight_notes),
         history=acc.history,
         pool_shares=acc.shares,
         reference=reference(now, settings.rebase_period),

@@ -136,7 +136,7 @@ def _finite(x: float) -> float:
     return round(x, 6) if math.isfinite(x) else 0.0
 
 
-def decision_dict(d: WorkloadDecision) -> dict[str, Any]:
+def decision_dict(d: WorkloadDecision, now: datetime) -> dict[str, Any]:
     b = d.breakdown
     out: dict[str, Any] = {
         "workload": d.key,
@@ -157,7 +157,7 @@ def decision_dict(d: WorkloadDecision) -> dict[str, Any]:
         "terms": d.terms,
     }
     if b is not None:
-        out["breakdown"] = breakdown_dict(b)
+        out["breakdown"] = breakdown_dict(b, now)
     if d.hami is not None:
         out["hami"] = {
             "nodePolicy": d.hami.node_policy,
@@ -189,11 +189,14 @@ def _plain(value: object) -> object:
     return value
 
 
-def breakdown_dict(b: PriorityBreakdown) -> dict[str, Any]:
+def breakdown_dict(b: PriorityBreakdown, now: datetime) -> dict[str, Any]:
     """Every field of the breakdown, camelCase (`priority_class` as `class`), so a term the
-    policy adds shows up without a change here."""
-    return {"class" if f.name == "priority_class" else _camel(f.name): _plain(getattr(b, f.name))
-            for f in dataclass_fields(b)}
+    policy adds shows up without a change here; and a pending Workload's wait at `now`."""
+    out = {"class" if f.name == "priority_class" else _camel(f.name): _plain(getattr(b, f.name))
+           for f in dataclass_fields(b)}
+    if not b.guard:
+        out["waitSeconds"] = b.wait_seconds(now)
+    return out
 
 
 def team_dict(t: TeamShare) -> dict[str, Any]:
@@ -212,7 +215,7 @@ def plan_dict(plan: Plan) -> dict[str, Any]:
     return {
         "now": plan.now.isoformat(),
         "reference": plan.reference.isoformat() if plan.reference else None,
-        "decisions": [decision_dict(d) for d in plan.decisions],
+        "decisions": [decision_dict(d, plan.now) for d in plan.decisions],
         "teams": {name: team_dict(t) for name, t in sorted(plan.teams.items())},
         "poolShares": [
             {"team": team, **team_dict(t)} for (_pool, team), t in sorted(plan.pool_shares.items())
@@ -281,7 +284,7 @@ def note(d: WorkloadDecision) -> str:
     return "; ".join(parts)
 
 
-def _decision_rows(decisions: list[WorkloadDecision]) -> list[list[str]]:
+def _decision_rows(decisions: list[WorkloadDecision], now: datetime) -> list[list[str]]:
     """One row per decision; the TEAM column only when some team is not the namespace."""
     with_team = any(d.team != d.key.partition("/")[0] for d in decisions)
     rows = [["POS", "WORKLOAD", *(["TEAM"] if with_team else []), "CLASS", "WAITED", "SHARE",
@@ -290,7 +293,7 @@ def _decision_rows(decisions: list[WorkloadDecision]) -> list[list[str]]:
         b = d.breakdown
         now_eff = current_effective(d)
         changed = "" if (now_eff == d.target_priority or d.leave_unchanged) else " *"
-        waited = "admitted" if d.admitted else (_duration(b.wait_seconds) if b else "-")
+        waited = "admitted" if d.admitted else (_duration(b.wait_seconds(now)) if b else "-")
         rows.append([
             "-" if d.admitted else str(d.rank + 1), d.key, *([d.team] if with_team else []),
             b.priority_class.value if b else "-", waited, _share(d),
@@ -346,7 +349,7 @@ def render_table(plan: Plan, settings: Settings | None = None, width: int | None
         n_pending = sum(1 for d in ds if not d.admitted)
         out.append("")
         out.append(f"ClusterQueue {queue}: {n_pending} pending, {len(ds) - n_pending} admitted")
-        out.append(_layout(_decision_rows(ds), width))
+        out.append(_layout(_decision_rows(ds, plan.now), width))
         for d in ds:
             h = hami_short(d)
             if h != "-":
@@ -473,12 +476,13 @@ def explain(plan: Plan, key: str, settings: Settings, width: int | None = None) 
                          f"within +-{settings.base_priority_cap}, shifted by the cap)")
         lines.append(f"  Fairness:       {b.fairness_term} = level {b.fairness_level} of "
                      f"{settings.fairness_levels} (pool {b.pool}; lower share -> more points)")
-        capped = " (capped)" if b.wait_seconds >= settings.max_aging_time else ""
+        waited = b.wait_seconds(plan.now)
+        capped = " (capped)" if waited >= settings.max_aging_time else ""
         rebase = b.reference + timedelta(seconds=settings.rebase_period)
         counted = (rebase - b.queued_since).total_seconds()
         lines.append(f"  Aging:          {b.aging_term} = {settings.aging_coefficient:g}/s x "
                      f"{_duration(counted, minutes=True)} from queued ({_when(b.queued_since)}, "
-                     f"waited {_duration(b.wait_seconds)}{capped}) to the next rebase "
+                     f"waited {_duration(waited)}{capped}) to the next rebase "
                      f"{_when(rebase)}: every pending workload counts to the same instant, so "
                      "the order is by wait and the value does not move with the clock")
         if b.override is not None:
@@ -528,4 +532,4 @@ def _wrap_lines(lines: list[str], width: int | None) -> str:
 
 def explain_dict(plan: Plan, key: str) -> Mapping[str, Any] | None:
     d = find_decision(plan, key)
-    return None if d is None else decision_dict(d)
+    return None if d is None else decision_dict(d, plan.now)

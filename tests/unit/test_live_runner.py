@@ -708,7 +708,7 @@ def test_waits_follow_kueues_requeuing_timestamp(strategy: str | None, wait: flo
     api.put_object(WORKLOADS.item("back", "team-a"), wl)
     c = controller(api, settings())
     [d] = c.run_cycle(NOW).plan.decisions
-    assert d.breakdown is not None and d.breakdown.wait_seconds == wait
+    assert d.breakdown is not None and d.breakdown.wait_seconds(NOW) == wait
 
 
 def preempting_cluster(api: FakeApi) -> None:

@@ -139,8 +139,10 @@ def test_oracle_order_equals_the_formula_at_every_instant(
         for y in ds:
             bx, by = x.breakdown, y.breakdown
             assert bx is not None and by is not None
-            fx = formula_value(bx.priority_class, bx.base, bx.fairness_term, bx.wait_seconds, S)
-            fy = formula_value(by.priority_class, by.base, by.fairness_term, by.wait_seconds, S)
+            fx = formula_value(bx.priority_class, bx.base, bx.fairness_term,
+                               bx.wait_seconds(now), S)
+            fy = formula_value(by.priority_class, by.base, by.fairness_term,
+                               by.wait_seconds(now), S)
             if fx - fy >= 2:  # floor() on both sides: within 2 points is a tie
                 assert x.target_priority > y.target_priority, (x.key, y.key)
 
@@ -184,7 +186,7 @@ def test_a_rebase_shifts_every_uncapped_pending_value_by_a_times_the_period(
         # wait < cap at `before`; at the new reference the cap may bind (credited <= cap + P)
         new = decision(p2, d.key).target_priority
         assert d.target_priority <= new <= d.target_priority + shift + 1
-        if b.wait_seconds + 1 < S.max_aging_time:
+        if b.wait_seconds(before) + 1 < S.max_aging_time:
             assert abs(new - d.target_priority - shift) <= 1
 
 
@@ -514,10 +516,10 @@ def test_requeued_workload_waits_from_its_eviction() -> None:
     w = replace(wl("p", wait=3 * 86400), last_eviction=evicted_at)
     d = compute_plan(snapshot([w]), S, NOW).decisions[0]
     assert d.breakdown is not None and d.breakdown.queued_since == evicted_at
-    assert d.breakdown.wait_seconds == 3600
+    assert d.breakdown.wait_seconds(NOW) == 3600
     creation = make_settings(requeue_timestamp="creation")
     d = compute_plan(snapshot([w]), creation, NOW).decisions[0]
-    assert d.breakdown is not None and d.breakdown.wait_seconds == 3 * 86400
+    assert d.breakdown is not None and d.breakdown.wait_seconds(NOW) == 3 * 86400
 
 
 def test_a_new_teams_first_job_rewrites_no_other_teams_workloads() -> None:

@@ -89,8 +89,9 @@ def test_breakdown_dict_has_every_field() -> None:
     plan = _plan()
     b = next(d for d in plan.decisions if d.breakdown is not None).breakdown
     assert b is not None
-    doc = breakdown_dict(b)
-    assert len(doc) == len(fields(b)) and doc["class"] == b.priority_class.value
+    doc = breakdown_dict(b, plan.now)
+    assert len(doc) == len(fields(b)) + 1 and doc["class"] == b.priority_class.value
+    assert doc["waitSeconds"] == (plan.now - b.queued_since).total_seconds()
     assert doc["queuedSince"] == b.queued_since.isoformat() and "agingTerm" in doc
 
 

@@ -27,7 +27,7 @@ def dec(key: str, cq: str, rank: int, current: int = 0, target: int = 0, pool: s
     breakdown = PriorityBreakdown(
         priority_class=PriorityClass.NORMAL, class_weight=0, class_term=0, team="t",
         pool=pool or f"cq/{cq}", dominant_resource=None, dominant_share=0.0, fairness_level=0,
-        fairness_term=0, queued_since=T0 + timedelta(minutes=since), wait_seconds=0.0,
+        fairness_term=0, queued_since=T0 + timedelta(minutes=since),
         reference=T0, aging_term=0, base=0, base_term=0, override=None, priority=target,
         guard=admitted)
     return WorkloadDecision(
