@@ -66,6 +66,13 @@ class Metrics:
         self.cycles = Counter(
             "wdrf_cycles", "Control cycles run, by outcome.", ["outcome"], registry=r
         )
+        self.plan_pools = Counter(
+            "wdrf_plan_pools",
+            "Pools per plan: planned again (inputs changed), reused from the last plan, or "
+            "the whole snapshot planned at once (counted once; it cannot be planned by pool).",
+            ["planned"],
+            registry=r,
+        )
         self.last_cycle = Gauge(
             "wdrf_last_cycle_timestamp_seconds", "Unix time the last cycle ended.", registry=r
         )

@@ -1,0 +1,297 @@
+"""Incremental plans equal full plans: random event sequences on a cluster of several pools
+(cohorts, a lone ClusterQueue, Workloads whose queue is unknown), compared with `compute_plan`
+on the whole snapshot after every event; and which pools each event replans."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controller.config import AUTO_TEAM_WEIGHTS, Settings
+from controller.domain import (
+    APPROVED_ANNOTATION,
+    GPU,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_OVERRIDE_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
+    URGENT_ANNOTATION,
+    Admission,
+    ClusterQueue,
+    ClusterSnapshot,
+    InputProblem,
+    JobInfo,
+    KueueApiVersion,
+    LocalQueue,
+    ObjectRef,
+    Preemption,
+    ResourceQuota,
+    Workload,
+    frozen_resources,
+)
+from controller.incremental import IncrementalPlanner
+from controller.policy import compute_plan
+from tests.support.builders import NOW, wl
+from tests.support.builders import settings as make_settings
+
+NAMESPACES = ("team-0", "team-1", "team-2", "team-3")
+QUEUES = ("a1", "a2", "b1", "solo")  # cohorts A (a1, a2) and B (b1); solo has none
+LOCAL = ("q0", "q1", "q2")  # + "ghost" (an unknown ClusterQueue) and "none" (no LocalQueue)
+SETTINGS = {
+    "default": Settings(),
+    "reclaim": make_settings(reclaim_enabled=True, min_runtime=600.0, reclaim_margin=0.0,
+                             approved_scope="team"),
+    "weights": make_settings(team_weights={"team-0": 2.0, "team-9": 1.0}),
+    "auto": make_settings(team_weights=AUTO_TEAM_WEIGHTS),
+}
+ANNOTATIONS: list[dict[str, str]] = [
+    {}, {URGENT_ANNOTATION: "true"}, {APPROVED_ANNOTATION: "true"},
+    {PRIORITY_OVERRIDE_ANNOTATION: "5000"}, {URGENT_ANNOTATION: "yes"},
+]
+
+
+def cq(name: str, cohort: str | None, gpus: int = 4, within: str = "LowerPriority",
+       weight: int | None = None) -> ClusterQueue:
+    return ClusterQueue(
+        name, KueueApiVersion.V1BETA2,
+        quotas=(ResourceQuota("default", GPU, Decimal(gpus)),
+                ResourceQuota("default", "cpu", Decimal(32))),
+        cohort=cohort, preemption=Preemption(within_cluster_queue=within),
+        fair_sharing_weight=None if weight is None else Decimal(weight))
+
+
+class World:
+    """The objects of a cluster by key, replaced in place as an informer cache does."""
+
+    def __init__(self) -> None:
+        self.now = NOW
+        self.queues = {"a1": cq("a1", "A"), "a2": cq("a2", "A", within="Never"),
+                       "b1": cq("b1", "B", weight=2), "solo": cq("solo", None)}
+        self.local: dict[str, LocalQueue] = {}
+        for i, ns in enumerate(NAMESPACES):
+            for j, name in enumerate(LOCAL):
+                self.local[f"{ns}/{name}"] = LocalQueue(ns, name, QUEUES[(i + j) % 4])
+            self.local[f"{ns}/ghost"] = LocalQueue(ns, "ghost", "gone")
+        self.workloads: dict[str, Workload] = {}
+        self.jobs: dict[str, JobInfo] = {}
+        self.problems: tuple[InputProblem, ...] = ()
+        self.serial = 0
+
+    def snapshot(self) -> ClusterSnapshot:
+        return ClusterSnapshot(
+            workloads=tuple(self.workloads.values()), cluster_queues=tuple(self.queues.values()),
+            local_queues=tuple(self.local.values()), jobs=tuple(self.jobs.values()),
+            problems=self.problems)
+
+    def cluster_queue_of(self, w: Workload) -> str | None:
+        lq = self.local.get(f"{w.namespace}/{w.queue_name}")
+        return lq.cluster_queue if lq else None
+
+    def add(self, ns: str, queue: str, cls: int, wait: float, gpus: int, owned: bool) -> None:
+        self.serial += 1
+        name = f"w{self.serial}"
+        w = wl(name, ns, wait=wait, gpu=str(gpus), queue=queue, annotations=ANNOTATIONS[cls],
+               owner=name if owned else None)
+        w = replace(w, created=self.now - timedelta(seconds=wait))
+        self.workloads[w.key] = w
+        if owned:
+            self.jobs[w.key] = JobInfo(ns, name, f"job-{ns}-{name}")
+
+    def admit(self, w: Workload) -> None:
+        where = self.cluster_queue_of(w) or "gone"
+        usage = frozen_resources({GPU: w.pod_sets[0].containers[0].resources[GPU]})
+        self.workloads[w.key] = replace(
+            w, quota_reserved=True, admitted=True, admission=Admission(where, usage),
+            reserved_since=self.now, resource_version=self.version())
+
+    def version(self) -> str:
+        self.serial += 1
+        return str(self.serial)
+
+
+def pick(data: st.DataObject, items: dict[str, Any]) -> Any:
+    return items[data.draw(st.sampled_from(sorted(items)))] if items else None
+
+
+def step(data: st.DataObject, world: World, last: Any) -> str:
+    """One random event; returns its name (for failure messages)."""
+    event = data.draw(st.sampled_from([
+        "add", "add", "add", "admit", "finish", "annotate", "write", "preempt", "deactivate",
+        "job", "local", "queue", "clock", "clock", "problem", "stand-in", "nothing"]))
+    w = pick(data, world.workloads)
+    if event == "add" or w is None:
+        world.add(data.draw(st.sampled_from(NAMESPACES)),
+                  data.draw(st.sampled_from([*LOCAL, *LOCAL, "ghost", "none"])),
+                  data.draw(st.integers(0, len(ANNOTATIONS) - 1)),
+                  data.draw(st.floats(0, 10 * 86400)), data.draw(st.integers(1, 3)),
+                  data.draw(st.booleans()))
+        return "add"
+    if event == "admit" and not w.quota_reserved:
+        world.admit(w)
+    elif event == "finish":
+        if data.draw(st.booleans()):
+            del world.workloads[w.key]
+        else:
+            world.workloads[w.key] = replace(w, finished=True, resource_version=world.version())
+    elif event == "annotate":
+        ann = dict(w.annotations) | ANNOTATIONS[data.draw(st.integers(0, len(ANNOTATIONS) - 1))]
+        world.workloads[w.key] = replace(w, annotations=ann, resource_version=world.version())
+    elif event == "write" and last is not None:  # the controller's writes, read back
+        for d in last.decisions:
+            if d.leave_unchanged or not d.terms or data.draw(st.booleans()):
+                continue
+            cur = world.workloads.get(d.key)
+            if cur is not None:
+                ann = dict(cur.annotations) | {PRIORITY_TERMS_ANNOTATION: d.terms,
+                                               KUEUE_PRIORITY_BOOST_ANNOTATION: str(d.target_boost)}
+                world.workloads[d.key] = replace(cur, annotations=ann,
+                                                 resource_version=world.version())
+    elif event == "preempt" and w.quota_reserved:
+        world.workloads[w.key] = replace(
+            w, quota_reserved=False, admitted=False, admission=None, preempted_at=world.now,
+            last_eviction=world.now, reserved_since=None, resource_version=world.version())
+    elif event == "deactivate":
+        world.workloads[w.key] = replace(w, active=not w.active, resource_version=world.version())
+    elif event == "job" and world.jobs:
+        j = pick(data, world.jobs)
+        ann = ANNOTATIONS[data.draw(st.integers(0, len(ANNOTATIONS) - 1))]
+        world.jobs[f"{j.namespace}/{j.name}"] = replace(j, annotations=ann)
+    elif event == "local":
+        lq = pick(data, world.local)
+        world.local[lq.key] = replace(lq, cluster_queue=data.draw(
+            st.sampled_from([*QUEUES, "gone"])))
+    elif event == "queue":
+        q = pick(data, world.queues)
+        change = data.draw(st.sampled_from(["gpus", "cohort", "within", "weight"]))
+        if change == "gpus":
+            q = cq(q.name, q.cohort, data.draw(st.integers(0, 8)),
+                   q.preemption.within_cluster_queue)
+        elif change == "cohort":
+            q = replace(q, cohort=data.draw(st.sampled_from(["A", "B", None])))
+        elif change == "within":
+            q = replace(q, preemption=Preemption(within_cluster_queue=data.draw(
+                st.sampled_from(["Never", "LowerPriority"]))))
+        else:
+            q = replace(q, fair_sharing_weight=Decimal(data.draw(st.integers(1, 3))))
+        world.queues[q.name] = q
+    elif event == "clock":
+        world.now += timedelta(seconds=data.draw(st.sampled_from([1.0, 599.0, 601.0, 3601.0,
+                                                                  86400.0, 7 * 86400.0])))
+    elif event == "stand-in":  # a class stand-in at a value these settings do not need
+        world.workloads[w.key] = replace(
+            w, priority_class_name="wdrf-normal", workload_priority_class=True,
+            priority=data.draw(st.integers(-5, 5)), resource_version=world.version())
+    elif event == "problem":
+        world.problems = (*world.problems, InputProblem(
+            ObjectRef("Workload", w.name, w.namespace), "spec.podSets", "x", "bad"))
+    return event
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data(), st.sampled_from(["reclaim", *sorted(SETTINGS)]))
+def test_incremental_plans_equal_full_plans_after_every_event(
+    data: st.DataObject, which: str,
+) -> None:
+    s = SETTINGS[which]
+    world = World()
+    # A team over its share (admitted up to 20 minutes ago) and others waiting in the same
+    # ClusterQueue (a1 or b1): reclaim (MIN_RUNTIME 10 minutes) has victims as the clock moves.
+    (owner, mine), (taker, theirs) = data.draw(st.sampled_from([
+        (("team-0", "q0"), ("team-3", "q1")), (("team-1", "q1"), ("team-2", "q0"))]))
+    for _ in range(data.draw(st.integers(0, 6))):
+        world.add(owner, mine, 0, 0.0, data.draw(st.integers(2, 3)), False)
+        w = world.workloads[next(reversed(world.workloads))]
+        world.admit(w)
+        started = world.now - timedelta(seconds=data.draw(st.integers(0, 1200)))
+        world.workloads[w.key] = replace(world.workloads[w.key], reserved_since=started)
+    for _ in range(data.draw(st.integers(0, 3))):
+        world.add(taker, theirs, 0, 60.0, data.draw(st.integers(1, 3)), False)
+    planner = IncrementalPlanner()
+    last = None
+    for i in range(data.draw(st.integers(5, 25))):
+        event = step(data, world, last)
+        snap = world.snapshot()
+        full = compute_plan(snap, s, world.now)
+        incremental = planner.plan(snap, s, world.now)
+        assert planner.fallback == ""
+        assert incremental == full, (i, event)
+        last = full
+
+
+def test_only_the_changed_pool_is_planned_again() -> None:
+    world = World()
+    for i, ns in enumerate(NAMESPACES * 3):
+        world.add(ns, LOCAL[i % 3], 0, 60.0 * i, 1, owned=True)
+    world.add("team-0", "none", 0, 5.0, 1, owned=False)  # pool "-"
+    planner = IncrementalPlanner()
+    s = Settings()
+    planner.plan(world.snapshot(), s, world.now)
+    assert planner.replanned == ("-", "cohort/A", "cohort/B", "cq/solo")
+
+    def check(expected: tuple[str, ...]) -> None:
+        snap = world.snapshot()
+        assert planner.plan(snap, s, world.now) == compute_plan(snap, s, world.now)
+        assert planner.replanned == expected
+
+    world.now += timedelta(hours=1)  # the clock alone moves nothing
+    check(())
+    w = next(w for w in world.workloads.values() if world.cluster_queue_of(w) == "b1")
+    world.workloads[w.key] = replace(w, annotations={URGENT_ANNOTATION: "true"})
+    check(("cohort/B",))
+    j = next(j for j in world.jobs.values()
+             if world.cluster_queue_of(world.workloads[f"{j.namespace}/{j.name}"]) == "solo")
+    world.jobs[f"{j.namespace}/{j.name}"] = replace(j, annotations={APPROVED_ANNOTATION: "true"})
+    check(("cq/solo",))
+    world.queues["a2"] = cq("a2", "A", gpus=16)
+    check(("-", "cohort/A"))  # `-` is charged against the whole cluster's capacity
+    world.now += timedelta(days=7)  # a rebase: every pending value moves
+    check(("-", "cohort/A", "cohort/B", "cq/solo"))
+
+
+def test_reclaim_replans_a_pool_when_a_workload_reaches_min_runtime() -> None:
+    world = World()
+    world.add("team-0", "q0", 0, 60.0, 1, owned=False)
+    world.admit(next(iter(world.workloads.values())))
+    s = SETTINGS["reclaim"]
+    planner = IncrementalPlanner()
+    planner.plan(world.snapshot(), s, world.now)
+    world.now += timedelta(seconds=599)
+    planner.plan(world.snapshot(), s, world.now)
+    assert planner.replanned == ()
+    world.now += timedelta(seconds=2)  # MIN_RUNTIME (600 s) reached
+    planner.plan(world.snapshot(), s, world.now)
+    assert planner.replanned == ("cohort/A",)
+
+
+def test_what_cannot_be_planned_by_pool_is_planned_whole() -> None:
+    world = World()
+    world.add("team-0", "q0", 0, 60.0, 1, owned=False)
+    world.add("team-1", "q0", 0, 60.0, 1, owned=False)
+    planner = IncrementalPlanner()
+    history = make_settings(usage_half_life=3600.0)
+    snap = world.snapshot()
+    assert planner.plan(snap, history, world.now) == compute_plan(snap, history, world.now)
+    assert "USAGE_HALF_LIFE" in planner.fallback
+    a, b = world.workloads.values()
+    snap = replace(snap, workloads=(a, replace(b, uid=a.uid)))
+    assert planner.plan(snap, Settings(), world.now) == compute_plan(snap, Settings(), world.now)
+    assert "duplicate" in planner.fallback
+    planner.plan(world.snapshot(), Settings(), world.now)
+    assert planner.fallback == "" and planner.replanned == ("cohort/A",)
+
+
+def test_a_plan_does_not_move_with_the_clock() -> None:
+    """Between rebases (and reclaim instants) the same snapshot gives the same decisions: what
+    lets a pool's part be reused."""
+    world = World()
+    for i, ns in enumerate(NAMESPACES):
+        world.add(ns, "q0", i % 3, 3600.0 * i, 1, owned=False)
+    world.admit(next(iter(world.workloads.values())))
+    snap = world.snapshot()
+    first = compute_plan(snap, Settings(), world.now)
+    later: datetime = world.now + timedelta(hours=5)
+    assert compute_plan(snap, Settings(), later).decisions == first.decisions
