@@ -1,8 +1,8 @@
 """A model of Kueue (v0.19) over a HAMi GPU cluster: ClusterQueues in a cohort, quota-only
 admission with a scheduler placement model, waitForPodsReady, and preemption.
 
-What is modelled, and from which documented behaviour (../shared/docs/kueue.md and Kueue's
-"Preemption" and "Cluster Queue" concept pages):
+What is modelled, and from which documented behaviour (Kueue's "Preemption" and "Cluster
+Queue" concept pages; docs/evaluation.md, "The Kueue model"):
 
 - **Topology.** `single-cq`: one ClusterQueue whose nominal GPU quota is the cluster, one
   LocalQueue per team. `cohort`: one ClusterQueue per team in one cohort, nominal quota

@@ -1,4 +1,4 @@
-"""Metrics from `../shared/docs/fairness-anchors.md`, computed from a `SimResult`.
+"""The evaluation's metrics (docs/evaluation.md, "Method"), computed from a `SimResult`.
 
 - Queueing delay (submission -> admission) per class: p50 / p95 / p99 / max.
 - Urgent time-to-admission: the urgent class's queueing delay.
@@ -11,13 +11,13 @@
   capacity).
 - Utilisation: allocated GPU-equivalents / capacity, time-averaged over the measured period.
 - JCT (submission -> completion): mean and p99; makespan.
-- Priority writes per simulated hour (a write = a workload's target value changed between ticks).
+- Priority writes per job and per simulated hour (a write = one patch of one Workload).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from controller.domain import PriorityClass
@@ -102,104 +102,25 @@ def demand_capped_jain(
     return jain(xs)
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyMetrics:
-    policy: str
-    jobs: int
-    wait: Mapping[PriorityClass, Quantiles]  # seconds
-    jct: Quantiles
-    utilisation: float
-    jain_busy_mean: float
-    jain_busy_min: float
-    jain_busy_ge_09: float  # fraction of busy windows with J >= 0.9
-    busy_windows: int
-    writes_per_hour: float
-    writes: int
-    makespan: float
-    admitted_once: bool
-    gpu_time_error: float  # relative difference: sum(need x duration) vs integral of allocation
-    max_tenants: int
-    ticks_evaluated: int
-    ticks_total: int
-    never_admitted: int
-    util_series: tuple[float, ...]  # per series window over the whole run
-    share_series: tuple[tuple[float, ...], ...]  # per window, per team: share of capacity
-    jain_series: tuple[float, ...]  # per window in the period (NaN when not busy)
-    period: Period
-    extra: Mapping[str, float]
-
-
-def compute(
-    result: SimResult, period: Period, team_weights: Mapping[str, float] | None = None
-) -> PolicyMetrics:
-    jobs = result.jobs
-    sel = [j for j in jobs if not j.carried and period.start <= j.submit < period.end]
-    waits: dict[PriorityClass, list[float]] = {c: [] for c in PriorityClass}
-    jcts: list[float] = []
-    never = 0
-    for j in sel:
-        a = result.admit[j.job_id]
-        if math.isnan(a):
-            never += 1
-            continue
-        waits[j.cls].append(a - j.submit)
-        e = result.end[j.job_id]
-        if not math.isnan(e):
-            jcts.append(e - j.submit)
+def busy_fairness(result: SimResult, period: Period,
+                  weights: Sequence[float]) -> tuple[float, float, int]:
+    """Over the period's series windows: the mean demand-capped Jain index of the busy ones
+    (demand >= capacity; NaN when none), the utilisation, and how many windows were busy."""
     series = result.series
     cap = result.config.capacity
     b = series.bin
     w0 = int(period.start // b)
     w1 = min(math.ceil(period.end / b), len(series.total))
-    alloc_sum = sum(series.total[w0:w1])
     span = (w1 - w0) * b
-    util = alloc_sum / (cap * span) if span > 0 else math.nan
-    weights = [(team_weights or {}).get(t, 1.0) for t in result.teams]
+    util = sum(series.total[w0:w1]) / (cap * span) if span > 0 else math.nan
     jain_vals: list[float] = []
-    jain_series: list[float] = []
     for w in range(w0, w1):
         alloc = [x / b for x in series.alloc[w]]
         dem = [alloc[i] + series.pending[w][i] / b for i in range(len(alloc))]
         if sum(dem) >= cap * (1 - 1e-9):
-            jv = demand_capped_jain(alloc, dem, weights)
-            jain_vals.append(jv)
-            jain_series.append(jv)
-        else:
-            jain_series.append(math.nan)
-    total_need = sum(j.need * j.duration for j in jobs if not math.isnan(result.end[j.job_id]))
-    integral = sum(series.total)
-    err = abs(total_need - integral) / total_need if total_need else 0.0
-    return PolicyMetrics(
-        policy=result.policy,
-        jobs=len(sel),
-        wait={c: quantiles(v) for c, v in waits.items()},
-        jct=quantiles(jcts),
-        utilisation=util,
-        jain_busy_mean=sum(jain_vals) / len(jain_vals) if jain_vals else math.nan,
-        jain_busy_min=min(jain_vals) if jain_vals else math.nan,
-        jain_busy_ge_09=(
-            sum(1 for x in jain_vals if x >= 0.9) / len(jain_vals) if jain_vals else math.nan
-        ),
-        busy_windows=len(jain_vals),
-        writes_per_hour=(
-            sum(1 for t in result.write_times if period.start <= t < period.end)
-            / (period.length / HOUR) if period.length > 0 else math.nan
-        ),
-        writes=result.writes,
-        makespan=result.makespan,
-        admitted_once=all(n == 1 for n in result.admissions),
-        gpu_time_error=err,
-        max_tenants=result.max_tenants,
-        ticks_evaluated=result.ticks_evaluated,
-        ticks_total=result.ticks_total,
-        never_admitted=never,
-        util_series=tuple(t / (cap * b) for t in series.total),
-        share_series=tuple(tuple(x / (cap * b) for x in row) for row in series.alloc),
-        jain_series=tuple(jain_series),
-        period=period,
-        extra=result.extra,
-    )
-
+            jain_vals.append(demand_capped_jain(alloc, dem, weights))
+    mean = sum(jain_vals) / len(jain_vals) if jain_vals else math.nan
+    return mean, util, len(jain_vals)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,10 +248,10 @@ def run_metrics(
     out["slowdown_p99"] = sq.p99
     out["never_admitted"] = float(never)
     # Fairness.
-    m = compute(result, period, dict(zip(result.teams, weights, strict=True)))
-    out["jain"] = m.jain_busy_mean
-    out["utilisation"] = m.utilisation
-    out["busy_hours"] = float(m.busy_windows)
+    jain_mean, util, busy = busy_fairness(result, period, weights)
+    out["jain"] = jain_mean
+    out["utilisation"] = util
+    out["busy_hours"] = float(busy)
     ratios, errors, _ = team_ratios(result, period, weights)
     valid = [r for r in ratios if not math.isnan(r)]
     out["worst_team_ratio"] = min(valid) if valid else math.nan

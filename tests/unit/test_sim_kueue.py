@@ -1,6 +1,6 @@
 """The Kueue model (evaluation/kueue.py), mechanism by mechanism, against Kueue's documented
 behaviour (Kueue concepts "Preemption", "Cluster Queue", "Setup All-or-nothing with
-waitForPodsReady"; ../shared/docs/kueue.md), plus the conservation and completed-once
+waitForPodsReady"; docs/evaluation.md, "The Kueue model"), plus the conservation and completed-once
 invariants with preemption."""
 
 from __future__ import annotations
