@@ -12,6 +12,7 @@ missing; they never skip. Log tails of all plane processes are attached to faili
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -74,6 +75,18 @@ def e2e_plane(plane: Plane) -> Plane:
 def api(plane: Plane) -> k8s.ApiClient:
     """Admin (system:masters) ApiClient for the session plane."""
     return plane.api_client()
+
+
+@pytest.fixture(scope="module")
+def admin(plane: Plane) -> k8s.ApiClient:
+    """An admin ApiClient of one module's own (the module impersonates its users from it)."""
+    return plane.api_client()
+
+
+@pytest.fixture(scope="module")
+def suffix() -> str:
+    """A random suffix for one module's names on the shared plane."""
+    return uuid.uuid4().hex[:5]
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ from controller.inventory import decode_agent_inventory, encode_agent_inventory,
 from tests.support import kube
 from tests.support.fakenvml import FakeGpu, FakeNvml
 from tests.support.kube import denial
-from tests.support.plane import Plane
+from tests.support.manifests import ssa
 
 pytestmark = pytest.mark.plane
 
@@ -45,37 +45,8 @@ NODE_CLAIM = "authentication.kubernetes.io/node-name"
 FIELD_MANAGER = "wdrf-agent-plane-test"
 Obj = dict[str, Any]
 
-# kind -> (API prefix, plural, namespaced)
-PATHS: dict[str, tuple[str, str, bool]] = {
-    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
-    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
-    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
-    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
-    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
-    "ValidatingAdmissionPolicy": (
-        "/apis/admissionregistration.k8s.io/v1",
-        "validatingadmissionpolicies",
-        False,
-    ),
-    "ValidatingAdmissionPolicyBinding": (
-        "/apis/admissionregistration.k8s.io/v1",
-        "validatingadmissionpolicybindings",
-        False,
-    ),
-    "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
-    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
-}
-
-
 def render() -> list[Obj]:
     return kube.render_kustomize(ROOT / "manifests" / "agent")
-
-
-def apply(api: k8s.ApiClient, obj: Obj, dry_run: bool = False) -> Obj:
-    prefix, plural, namespaced = PATHS[obj["kind"]]
-    ns = f"/namespaces/{obj['metadata']['namespace']}" if namespaced else ""
-    path = f"{prefix}{ns}/{plural}/{obj['metadata']['name']}"
-    return kube.server_side_apply(api, path, obj, FIELD_MANAGER, dry_run)
 
 
 def node_path(name: str) -> str:
@@ -111,15 +82,11 @@ def controller_capacity(node: Obj, now: datetime) -> tuple[float, CapacitySource
 
 
 @pytest.fixture(scope="module")
-def admin(plane: Plane) -> k8s.ApiClient:
-    return plane.api_client()
-
-
-@pytest.fixture(scope="module")
 def installed(admin: k8s.ApiClient) -> list[Obj]:
     objs = render()
     for o in objs:
-        apply(admin, o, dry_run=o["kind"] == "DaemonSet")  # no DaemonSet controller here
+        # no DaemonSet controller here
+        ssa(admin, o, dry_run=o["kind"] == "DaemonSet", field_manager=FIELD_MANAGER)
     return objs
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,9 @@ from controller.live.main import user_agent
 from controller.live.runner import LiveController
 from tests.plane import live_audit as audit
 from tests.plane import live_helpers as h
-from tests.plane.test_manifests_plane import SCOPE_LABEL, install_manifests, ssa
 from tests.support import kube
 from tests.support.kube import denial
+from tests.support.manifests import SCOPE_LABEL, install_manifests, ssa
 from tests.support.plane import Plane, go_module_dir, load_yaml_docs
 
 pytestmark = pytest.mark.plane
@@ -52,27 +51,16 @@ def jobs(ns: str, name: str = "") -> str:
 
 
 @pytest.fixture(scope="module")
-def admin(plane: Plane) -> k8s.ApiClient:
-    return plane.api_client()
-
-
-@pytest.fixture(scope="module")
-def space(admin: k8s.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def space(admin: k8s.ApiClient, suffix: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A namespace under the shipped admission policies, users may edit Jobs there; waits
     until both policies act (they load asynchronously)."""
     install_manifests(admin, tmp_path_factory.mktemp("kustomize"))
-    suffix = uuid.uuid4().hex[:5]
     ns = kube.create_namespace(admin, f"down-{suffix}", {SCOPE_LABEL: suffix})
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": "editor", "namespace": ns},
-                "rules": [{"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"],
-                           "verbs": ["get", "list", "create", "update", "patch"]}]})
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "editor", "namespace": ns},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                            "name": "editor"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                              "name": USERS}]})
+    ssa(admin, kube.role("editor", [{"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"],
+                                     "verbs": ["get", "list", "create", "update", "patch"]}],
+                         ns))
+    ssa(admin, kube.binding("editor", "editor", [kube.group(USERS)], ns, cluster_role=False))
     probe = kube.job_manifest(ns, "probe", "lq")
 
     def stamped() -> bool:
@@ -195,16 +183,9 @@ def test_a_jobset_gets_its_class_stand_in_and_users_cannot_pick_a_higher_one(
     ns = space
     path = f"{jobset_crd}/namespaces/{ns}/jobsets"
     alice = kube.impersonating_client(admin, "alice", [USERS])
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": "jobsets", "namespace": ns},
-                "rules": [{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
-                           "verbs": ["create"]}]})
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "jobsets", "namespace": ns},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                            "name": "jobsets"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                              "name": USERS}]})
+    ssa(admin, kube.role("jobsets", [{"apiGroups": ["jobset.x-k8s.io"],
+                                      "resources": ["jobsets"], "verbs": ["create"]}], ns))
+    ssa(admin, kube.binding("jobsets", "jobsets", [kube.group(USERS)], ns, cluster_role=False))
 
     def jobset(labels: dict[str, str], annotations: dict[str, str] | None = None) -> Obj:
         job = kube.job_manifest(ns, "js", None)

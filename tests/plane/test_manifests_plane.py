@@ -34,17 +34,23 @@ from kubernetes.client.exceptions import ApiException
 from controller.config import KEYS
 from tests.support import kube
 from tests.support.kube import denial
+from tests.support.manifests import (
+    LEAD_PREFIX,
+    NS,
+    SA,
+    SCOPE_LABEL,
+    install_manifests,
+    obj_path,
+    sa_kubeconfig,
+    ssa,
+)
 from tests.support.plane import Plane
 
 pytestmark = pytest.mark.plane
 
 ROOT = Path(__file__).resolve().parents[2]
-NS = "kueue-system"
-SA = "wdrf-controller"
 SA_USER = f"system:serviceaccount:{NS}:{SA}"
 KUEUE_SA_USER = f"system:serviceaccount:{NS}:kueue-controller-manager"
-FIELD_MANAGER = "wdrf-manifests-test"
-SCOPE_LABEL = "wdrf-test.x-k8s.io/admission"
 APPROVED = "wdrf.x-k8s.io/approved"
 URGENT = "wdrf.x-k8s.io/urgent"
 OVERRIDE = "wdrf.x-k8s.io/priority-override"
@@ -52,55 +58,11 @@ BOOST = "kueue.x-k8s.io/priority-boost"
 BASE = "wdrf.x-k8s.io/base-priority"
 APPLIED = "wdrf.x-k8s.io/applied-priority"
 USERS_GROUP = "wdrf-test:users"  # RBAC for the impersonated people below
-LEAD_PREFIX = "wdrf:team-lead:"  # teamLeadGroupPrefix: leads of <namespace> are in <prefix><ns>
 ORDINARY = ("alice", [USERS_GROUP])
 ADMIN = ("adam", [USERS_GROUP, "wdrf:admins"])
-SCOPED_BINDINGS = ("wdrf-class-annotations", "wdrf-submitted-by", "wdrf-class-priority")
 
 Obj = dict[str, Any]
 _CONFIG_KEYS = frozenset(KEYS)
-
-# kind -> (API prefix, plural, namespaced)
-RESOURCES: dict[str, tuple[str, str, bool]] = {
-    "Namespace": ("/api/v1", "namespaces", False),
-    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
-    "ConfigMap": ("/api/v1", "configmaps", True),
-    "Service": ("/api/v1", "services", True),
-    "Pod": ("/api/v1", "pods", True),
-    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
-    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
-    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
-    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
-    "Deployment": ("/apis/apps/v1", "deployments", True),
-    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets", True),
-    "Job": ("/apis/batch/v1", "jobs", True),
-    "ValidatingAdmissionPolicy": (
-        "/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
-    "ValidatingAdmissionPolicyBinding": (
-        "/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", False),
-    "MutatingAdmissionPolicy": (
-        "/apis/admissionregistration.k8s.io/v1", "mutatingadmissionpolicies", False),
-    "MutatingAdmissionPolicyBinding": (
-        "/apis/admissionregistration.k8s.io/v1", "mutatingadmissionpolicybindings", False),
-    "NetworkPolicy": ("/apis/networking.k8s.io/v1", "networkpolicies", True),
-    "ResourceFlavor": ("/apis/kueue.x-k8s.io/v1beta2", "resourceflavors", False),
-    "ClusterQueue": ("/apis/kueue.x-k8s.io/v1beta2", "clusterqueues", False),
-    "LocalQueue": ("/apis/kueue.x-k8s.io/v1beta2", "localqueues", True),
-    "WorkloadPriorityClass": ("/apis/kueue.x-k8s.io/v1beta2", "workloadpriorityclasses", False),
-}
-
-
-def obj_path(obj: Obj) -> str:
-    prefix, plural, namespaced = RESOURCES[obj["kind"]]
-    assert obj["apiVersion"] in prefix, (obj["apiVersion"], prefix)
-    ns = f"/namespaces/{obj['metadata']['namespace']}" if namespaced else ""
-    return f"{prefix}{ns}/{plural}/{obj['metadata']['name']}"
-
-
-def ssa(api: k8s.ApiClient, obj: Obj, dry_run: bool = False) -> Obj:
-    """Server-side apply with strict field validation (unknown or duplicate fields fail)."""
-    return kube.server_side_apply(api, obj_path(obj), obj, FIELD_MANAGER, dry_run)
-
 
 def job_path(ns: str, name: str = "") -> str:
     return f"/apis/batch/v1/namespaces/{ns}/jobs" + (f"/{name}" if name else "")
@@ -112,38 +74,6 @@ def annotate(api: k8s.ApiClient, path: str, annotations: dict[str, str | None]) 
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures
-
-
-@pytest.fixture(scope="module")
-def admin(plane: Plane) -> k8s.ApiClient:
-    return plane.api_client()
-
-
-@pytest.fixture(scope="module")
-def suffix() -> str:
-    return uuid.uuid4().hex[:5]
-
-
-def install_manifests(admin: k8s.ApiClient, tmp: Path) -> list[Obj]:
-    """manifests/ plus the usage-history component, rendered and applied; the class policy's,
-    the submitter stamp's and the class stand-in's bindings scoped to namespaces labelled
-    SCOPE_LABEL. The
-    params guard and the controller-writes policy are applied as shipped (they only concern
-    kueue-system/wdrf-admission-params and the controller's own identity)."""
-    from tests.unit.test_manifests import with_history_component
-
-    objs = kube.render_kustomize(with_history_component(tmp))
-    for o in objs:
-        if o["kind"].endswith("AdmissionPolicyBinding") and \
-                o["metadata"]["name"] in SCOPED_BINDINGS:
-            ssa(admin, o, dry_run=True)  # the shipped, cluster-wide binding is valid as is
-            scoped = copy.deepcopy(o)
-            scoped["spec"]["matchResources"] = {"namespaceSelector": {"matchExpressions": [
-                {"key": SCOPE_LABEL, "operator": "Exists"}]}}
-            ssa(admin, scoped)
-        else:
-            ssa(admin, o)
-    return objs
 
 
 @pytest.fixture(scope="module")
@@ -181,22 +111,14 @@ def policy_ready(admin: k8s.ApiClient, installed: list[Obj], suffix: str) -> str
     """A namespace under the policy, with RBAC for the test people; waits until the policy
     is enforced (policies are loaded asynchronously). Returns the namespace."""
     ns = kube.create_namespace(admin, f"adm-{suffix}", {SCOPE_LABEL: suffix})
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "editor", "namespace": ns},
-            "rules": [{"apiGroups": ["batch"], "resources": ["jobs"],
-                       "verbs": ["get", "list", "create", "update", "patch"]},
-                      {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
-                       "verbs": ["get", "list", "create", "update", "patch"]}]}
-    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-               "metadata": {"name": "editor", "namespace": ns},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                           "name": "editor"},
-               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                             "name": USERS_GROUP},
-                            {"kind": "ServiceAccount", "name": "kueue-controller-manager",
-                             "namespace": NS}]}
-    ssa(admin, role)
-    ssa(admin, binding)
+    ssa(admin, kube.role("editor", [
+        {"apiGroups": ["batch"], "resources": ["jobs"],
+         "verbs": ["get", "list", "create", "update", "patch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
+         "verbs": ["get", "list", "create", "update", "patch"]}], ns))
+    ssa(admin, kube.binding("editor", "editor", [
+        kube.group(USERS_GROUP), kube.service_account("kueue-controller-manager", NS)], ns,
+        cluster_role=False))
     alice = kube.impersonating_client(admin, *ORDINARY)
     probe = kube.job_manifest(ns, "probe", None, annotations={URGENT: "true"})
 
@@ -587,16 +509,6 @@ def test_controller_identity_is_denied_what_it_must_not_do(
 # The controller itself, run with the ServiceAccount's token (not admin)
 
 
-def _sa_kubeconfig(plane: Plane, token: str, path: Path) -> Path:
-    kc = {"apiVersion": "v1", "kind": "Config", "current-context": "sa",
-          "clusters": [{"name": "plane", "cluster": {
-              "server": plane.server, "certificate-authority": str(plane.pki.ca_crt)}}],
-          "users": [{"name": SA, "user": {"token": token}}],
-          "contexts": [{"name": "sa", "context": {"cluster": "plane", "user": SA}}]}
-    path.write_text(yaml.safe_dump(kc), encoding="utf-8")
-    return path
-
-
 def _deployment_command(installed: list[Obj]) -> tuple[list[str], dict[str, str]]:
     """The rendered Deployment's container args and env, made runnable here: the mounted
     config file becomes manifests/config.yaml (the generated ConfigMap's content), downward-API
@@ -662,7 +574,7 @@ def test_controller_with_its_service_account_runs_full_cycles_in_every_mode(
         workload_for_cycles: tuple[str, str, str]) -> None:
     ns, name, _cq = workload_for_cycles
     token = kube.service_account_token(admin, NS, SA)
-    kubeconfig = _sa_kubeconfig(plane, token, tmp_path / "sa-kubeconfig")
+    kubeconfig = sa_kubeconfig(plane, token, tmp_path / "sa-kubeconfig")
     # Every permission is used: nodes (CAPACITY_SOURCE auto), the Lease (LEADER_ELECTION),
     # the history ConfigMap (USAGE_HALF_LIFE > 0), Kueue's config (PRIORITY_MODE auto), Events.
     common = {"CAPACITY_SOURCE": "auto", "LEADER_ELECTION": "true", "USAGE_HALF_LIFE": "1h",

@@ -27,17 +27,17 @@ from controller.live.kube import KubeTransport
 from controller.live.metrics import Health, Metrics
 from controller.live.secure_metrics import SecureMetricsServer, TokenAuthorizer, tls_context
 from tests.plane import live_helpers as h
-from tests.plane.test_manifests_plane import (
+from tests.support import kube
+from tests.support.kube import denial
+from tests.support.manifests import (
     LEAD_PREFIX,
     NS,
     SA,
     SCOPE_LABEL,
-    _sa_kubeconfig,
     install_manifests,
+    sa_kubeconfig,
     ssa,
 )
-from tests.support import kube
-from tests.support.kube import denial
 from tests.support.plane import Plane
 
 pytestmark = pytest.mark.plane
@@ -93,54 +93,30 @@ def name(prefix: str = "j") -> str:
 
 
 @pytest.fixture(scope="module")
-def admin(plane: Plane) -> k8s.ApiClient:
-    return plane.api_client()
-
-
-@pytest.fixture(scope="module")
-def suffix() -> str:
-    return uuid.uuid4().hex[:5]
-
-
-@pytest.fixture(scope="module")
 def installed(admin: k8s.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
     return install_manifests(admin, tmp_path_factory.mktemp("kustomize"))
 
 
 def _editor_rbac(admin: k8s.ApiClient, ns: str) -> None:
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "redteam-editor", "namespace": ns},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "wdrf-redteam-editor"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                              "name": USERS}]})
+    ssa(admin, kube.binding("redteam-editor", "wdrf-redteam-editor", [kube.group(USERS)], ns))
 
 
 @pytest.fixture(scope="module")
 def spaces(admin: k8s.ApiClient, installed: list[Obj], suffix: str) -> Iterator[tuple[str, str]]:
     """Two team namespaces under the policy (users may edit Jobs, CronJobs, Workloads, pods
     and LocalQueues there) with a LocalQueue each; waits until the policy is enforced."""
-    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": "wdrf-redteam-editor"},
-            "rules": [{"apiGroups": ["batch"], "resources": ["jobs", "jobs/status", "cronjobs"],
-                       "verbs": ["get", "list", "create", "update", "patch"]},
-                      {"apiGroups": ["kueue.x-k8s.io"],
-                       "resources": ["workloads", "workloads/status", "localqueues"],
-                       "verbs": ["get", "list", "create", "update", "patch"]},
-                      {"apiGroups": [""], "resources": ["pods"],
-                       "verbs": ["get", "create", "update", "patch"]},
-                      {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"],
-                       "verbs": ["get", "create", "update", "patch"]}]}
-    ssa(admin, role)
+    ssa(admin, kube.role("wdrf-redteam-editor", [
+        {"apiGroups": ["batch"], "resources": ["jobs", "jobs/status", "cronjobs"],
+         "verbs": ["get", "list", "create", "update", "patch"]},
+        {"apiGroups": ["kueue.x-k8s.io"],
+         "resources": ["workloads", "workloads/status", "localqueues"],
+         "verbs": ["get", "list", "create", "update", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "create", "update", "patch"]},
+        {"apiGroups": ["apps"], "resources": ["deployments", "statefulsets"],
+         "verbs": ["get", "create", "update", "patch"]}]))
     # Kueue's batch-admin can patch every Workload (S3): emulated with the same verbs.
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": "wdrf-redteam-batch-admins"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "wdrf-redteam-editor"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                              "name": BATCH_ADMINS},
-                             {"kind": "ServiceAccount", "name": "kueue-controller-manager",
-                              "namespace": NS}]})
+    ssa(admin, kube.binding("wdrf-redteam-batch-admins", "wdrf-redteam-editor", [
+        kube.group(BATCH_ADMINS), kube.service_account("kueue-controller-manager", NS)]))
     out = []
     cqs = []
     for prefix in ("rta", "rtb"):
@@ -294,12 +270,8 @@ def test_s1_pod_templates_of_kueue_managed_deployments_are_guarded_too(
     post(alice, deploys, deployment({}))
     rs = kube.impersonating_client(admin, "system:serviceaccount:kube-system:"
                                    "replicaset-controller", ["system:serviceaccounts"])
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "redteam-rs", "namespace": ns},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "wdrf-redteam-editor"},
-                "subjects": [{"kind": "ServiceAccount", "name": "replicaset-controller",
-                              "namespace": "kube-system"}]})
+    ssa(admin, kube.binding("redteam-rs", "wdrf-redteam-editor",
+                            [kube.service_account("replicaset-controller", "kube-system")], ns))
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": name("p"), "namespace": ns,
                         "labels": {"kueue.x-k8s.io/queue-name": "lq", PC_LABEL: wpc}},
@@ -705,16 +677,11 @@ def _exists(api: k8s.ApiClient, path: str) -> bool:
 
 def configmap_editor(admin: k8s.ApiClient) -> k8s.ApiClient:
     """opal: may edit ConfigMaps in kueue-system, and is no WDRF admin."""
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": {"name": "redteam-cm-editor", "namespace": NS},
-                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                           "verbs": ["get", "create", "update", "patch", "delete"]}]})
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "redteam-cm-editor", "namespace": NS},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                            "name": "redteam-cm-editor"},
-                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                              "name": "opal"}]})
+    ssa(admin, kube.role("redteam-cm-editor", [
+        {"apiGroups": [""], "resources": ["configmaps"],
+         "verbs": ["get", "create", "update", "patch", "delete"]}], NS))
+    ssa(admin, kube.binding("redteam-cm-editor", "redteam-cm-editor", [kube.user("opal")], NS,
+                            cluster_role=False))
     opal = kube.impersonating_client(admin, "opal", [])
     return opal
 
@@ -775,23 +742,17 @@ def test_s8_metrics_refused_without_a_token_served_with_one(
         admin: k8s.ApiClient, plane: Plane, installed: list[Obj], tmp_path: Path) -> None:
     # The controller's identity reviews tokens (system:auth-delegator, as the secure-metrics
     # component grants); a scraper is bound to the metrics-reader ClusterRole.
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": "wdrf-redteam-auth-delegator"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "system:auth-delegator"},
-                "subjects": [{"kind": "ServiceAccount", "name": SA, "namespace": NS}]})
+    ssa(admin, kube.binding("wdrf-redteam-auth-delegator", "system:auth-delegator",
+                            [kube.service_account(SA, NS)]))
     reader = next(o for o in installed if o["kind"] == "ClusterRole"
                   and o["metadata"]["name"] == "wdrf-metrics-reader")
     assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                "metadata": {"name": "wdrf-redteam-metrics-reader"},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "wdrf-metrics-reader"},
-                "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": NS}]})
+    ssa(admin, kube.binding("wdrf-redteam-metrics-reader", "wdrf-metrics-reader",
+                            [kube.service_account("prometheus", NS)]))
     scraper = kube.service_account_token(admin, NS, "prometheus")
     stranger = kube.service_account_token(admin, NS, "stranger")
     sa_token = kube.service_account_token(admin, NS, SA)
-    transport = KubeTransport.from_config(str(_sa_kubeconfig(plane, sa_token,
+    transport = KubeTransport.from_config(str(sa_kubeconfig(plane, sa_token,
                                                              tmp_path / "sa-kubeconfig")))
     metrics, health = Metrics(), Health(stale_after=60)
     metrics.is_leader.set(1)
@@ -887,12 +848,8 @@ def test_forged_owner_references_are_refused_and_never_lend_a_class(
     refused(lambda: kube.patch_workload(people["bart"], a, jw, [
         {"op": "remove", "path": "/metadata/ownerReferences"}]), "ownerReferences")
     # The garbage collector (orphaning) may.
-    ssa(admin, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": {"name": "redteam-gc", "namespace": a},
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                            "name": "wdrf-redteam-editor"},
-                "subjects": [{"kind": "ServiceAccount", "name": "generic-garbage-collector",
-                              "namespace": "kube-system"}]})
+    ssa(admin, kube.binding("redteam-gc", "wdrf-redteam-editor",
+                            [kube.service_account("generic-garbage-collector", "kube-system")], a))
     gc = kube.impersonating_client(admin, GC_USER, ["system:serviceaccounts"])
     kube.request(gc, "PATCH", kube.kueue_path("workloads", jw, a),
                  [{"op": "remove", "path": "/metadata/ownerReferences"}],

@@ -37,6 +37,42 @@ class WaitTimeout(AssertionError):
     """A wait helper ran out of time; the message says what was seen last."""
 
 
+# ----- RBAC objects -----------------------------------------------------------------------------
+
+RBAC_GROUP = "rbac.authorization.k8s.io"
+
+
+def user(name: str) -> Obj:
+    return {"apiGroup": RBAC_GROUP, "kind": "User", "name": name}
+
+
+def group(name: str) -> Obj:
+    return {"apiGroup": RBAC_GROUP, "kind": "Group", "name": name}
+
+
+def service_account(name: str, namespace: str) -> Obj:
+    return {"kind": "ServiceAccount", "name": name, "namespace": namespace}
+
+
+def role(name: str, rules: list[Obj], namespace: str | None = None) -> Obj:
+    """A Role in ``namespace``, or a ClusterRole without one."""
+    meta: Obj = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": f"{RBAC_GROUP}/v1", "kind": "Role" if namespace else "ClusterRole",
+            "metadata": meta, "rules": rules}
+
+
+def binding(name: str, role_name: str, subjects: list[Obj], namespace: str | None = None, *,
+            cluster_role: bool = True) -> Obj:
+    """A RoleBinding in ``namespace``, or a ClusterRoleBinding without one, of a ClusterRole
+    (``cluster_role=False``: of the Role of that name in ``namespace``)."""
+    meta: Obj = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": f"{RBAC_GROUP}/v1",
+            "kind": "RoleBinding" if namespace else "ClusterRoleBinding", "metadata": meta,
+            "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole" if cluster_role else "Role",
+                        "name": role_name},
+            "subjects": subjects}
+
+
 # ----- generic REST ---------------------------------------------------------------------------
 def request(api: k8s.ApiClient, method: str, path: str, body: Any = None,
             content_type: str | None = None,

@@ -18,6 +18,7 @@ import yaml
 from controller.config import Settings, load_settings, with_overrides
 from controller.domain import CLASS_PRIORITY_CLASSES, OWNER_KINDS, PriorityClass
 from tests.support.kube import render_kustomize
+from tests.support.manifests import with_history_component
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -66,17 +67,6 @@ def expected_namespace_rules(history: bool = True) -> frozenset[NamedRule]:
         assert (p.name is None) == (p.verb == "create"), p
         out.add((p.group, p.resource, p.verb, p.name))
     return frozenset(out)
-
-
-def with_history_component(tmp: Path) -> Path:
-    """A kustomization in ``tmp`` that installs manifests/ plus components/usage-history/ (as a
-    user enabling the usage history would); kustomize wants relative paths."""
-    rel = Path(os.path.relpath(MANIFESTS, tmp))
-    (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [str(rel)], "components": [str(rel / "components" / "usage-history")]}),
-        encoding="utf-8")
-    return tmp
 
 
 def load_yaml_dir(path: Path) -> list[tuple[str, Obj]]:
