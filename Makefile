@@ -96,15 +96,25 @@ hami-long: venv tools
 # test that passes only on a quiet machine fails a submission. HOGS busy loops (default 1, each
 # ended after HOG_SECONDS at the latest) run next to pytest; PLANE_TESTS picks the tests
 # (default: every plane test; e.g. PLANE_TESTS="tests/plane/test_live_reliability.py").
-# The machine's load is printed before and after. The paused-leader repetition of
-# test_live_reliability.py runs WDRF_PAUSES times (default 1; 50 for the proof).
+# The machine's load is printed before and after; PYTEST_ARGS go to pytest (e.g. -s). The
+# paused-leader repetition of test_live_reliability.py runs WDRF_PAUSES times (default 1).
 .PHONY: test-under-load
 test-under-load: venv tools
 	@pids=""; for i in $$(seq $(or $(HOGS),1)); do \
 	  timeout $(or $(HOG_SECONDS),3600) sh -c 'while :; do :; done' & pids="$$pids $$!"; done; \
 	  trap 'kill $$pids 2>/dev/null' EXIT INT TERM; uptime; \
-	  $(PY) -m pytest -p no:cacheprovider -m plane $(or $(PLANE_TESTS),tests/plane); rc=$$?; \
+	  $(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) -m plane \
+	    $(or $(PLANE_TESTS),tests/plane); rc=$$?; \
 	  uptime; exit $$rc
+
+# The paused-leader proof beside a CPU hog: the leader paused WDRF_PAUSES times (default 50)
+# at random points of its writes; prints per pause and in total the hand-over, the writes, the
+# compare-and-swap conflicts and the old leader's writes after the new leader's first, by the
+# audit log and by the Workloads' history (resourceVersions, managedFields).
+.PHONY: test-paused-leader
+test-paused-leader:
+	WDRF_PAUSES=$${WDRF_PAUSES:-50} $(MAKE) test-under-load PYTEST_ARGS=-s \
+	  PLANE_TESTS=tests/plane/test_live_reliability.py::test_paused_leader_never_writes_after_the_new_leader
 
 # Issue 12 soak on the real plane (default 20 min; CI runs the 60 s variant in `make test`).
 .PHONY: soak

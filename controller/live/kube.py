@@ -25,6 +25,9 @@ from controller.live.api import JSON, ApiError, write_time_left
 DEFAULT_TIMEOUT = 30.0
 STREAM_SILENCE = 120.0  # seconds without a byte on a watch: the connection is dead
 POOL_SIZE = 32
+# Requests that record a field manager in the objects they change (managedFields).
+MANAGED_WRITES = frozenset({"POST", "PUT", "PATCH"})
+MAX_FIELD_MANAGER = 128  # kube-apiserver refuses longer names
 
 
 NO_CREDENTIALS_HINT = (
@@ -78,18 +81,22 @@ def kubeconfig_namespace(kubeconfig: str | None = None,
 class KubeTransport:
     """`controller.live.api.Transport` over a `kubernetes` ApiClient."""
 
-    def __init__(self, api_client: Any, user_agent: str = "wdrf-controller") -> None:
+    def __init__(self, api_client: Any, user_agent: str = "wdrf-controller",
+                 field_manager: str = "") -> None:
         self._api = api_client
         self._api.user_agent = user_agent
+        # Without one the apiserver names the manager after the User-Agent up to its first
+        # "/" ("wdrf-controller"), the same for every replica.
+        self._field_manager = field_manager[:MAX_FIELD_MANAGER]
         self._streams: set[Any] = set()  # open watch responses, closed by `close()`
         self._lock = threading.Lock()
 
     @classmethod
     def from_config(
         cls, kubeconfig: str | None = None, context: str | None = None,
-        user_agent: str = "wdrf-controller",
+        user_agent: str = "wdrf-controller", field_manager: str = "",
     ) -> KubeTransport:
-        return cls(load_api_client(kubeconfig, context), user_agent)
+        return cls(load_api_client(kubeconfig, context), user_agent, field_manager)
 
     @property
     def host(self) -> str:
@@ -109,6 +116,9 @@ class KubeTransport:
             headers["Content-Type"] = content_type
         elif body is not None:
             headers["Content-Type"] = "application/json"
+        if self._field_manager and method in MANAGED_WRITES and "fieldManager" not in (
+                query or {}):
+            query = {**(query or {}), "fieldManager": self._field_manager}
         _, url, header_params, _, _ = self._api.param_serialize(
             method,
             path,

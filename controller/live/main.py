@@ -39,7 +39,8 @@ class LiveError(Exception):
 
 
 def user_agent(identity: str) -> str:
-    """Names the replica in the apiserver's audit log."""
+    """Names the replica in the apiserver's audit log and, as its field manager, in the
+    managedFields of every object it writes."""
     return f"wdrf-controller/{identity}"
 
 
@@ -47,10 +48,11 @@ def make_transport(settings: Settings, identity: str = "") -> Transport:
     from controller.live.kube import KubeTransport
 
     try:
+        name = user_agent(identity) if identity else "wdrf-controller"
         return KubeTransport.from_config(settings.kubeconfig_path or None,
                                          settings.kubeconfig_context or None,
-                                         user_agent=user_agent(identity) if identity else
-                                         "wdrf-controller")
+                                         user_agent=name,
+                                         field_manager=name if identity else "")
     except Exception as e:
         raise LiveError(f"cannot configure the Kubernetes client: {e}") from None
 

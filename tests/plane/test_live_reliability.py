@@ -5,7 +5,8 @@ re-watch rate, and a Workload recreated under the same name gets no stale patch.
 
 Replicas are `python -m controller` processes with short Lease timings (LEASE_DURATION 6 s,
 RENEW_DEADLINE 4 s, RETRY_PERIOD 1 s); each names itself in its User-Agent, so the audit log
-tells them apart.
+tells them apart, and writes under that name as its field manager, so the managedFields of
+the Workloads it changed tell them apart as well.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from controller.live.metrics import Metrics
 from controller.plan import PriorityMode
 from tests.plane import live_audit as audit
 from tests.plane import live_helpers as h
+from tests.plane import live_history as history
 from tests.support import kube
 from tests.support.plane import Plane
 from tests.support.procs import free_port
@@ -92,6 +95,18 @@ def which(logs: dict[str, Path], identity: str) -> str:
 
 
 PAUSES = int(os.environ.get("WDRF_PAUSES", "1"))
+CONFLICT = frozenset({409, 422})  # a compare-and-swap refused
+
+
+@dataclass(frozen=True)
+class Round:
+    handover: float  # seconds from SIGSTOP to the new holder on the Lease
+    writes: int  # Workload writes of the two replicas that the apiserver accepted (2xx)
+    conflicts: int  # ... and that it refused as a compare-and-swap (409, 422)
+    changes: int  # changes of Workloads the objects' history gives to the two replicas
+    inferred: int  # ... of them same-second writes, given to the latest-stamped replica
+    late_requests: list[audit.Write]  # the old leader's, completed after the new one's first
+    late_changes: list[history.Change]  # the old leader's, after the new one's first (by rv)
 
 
 @pytest.mark.timeout(300 + 60 * PAUSES)
@@ -99,39 +114,51 @@ def test_paused_leader_never_writes_after_the_new_leader(
     api: k8s.ApiClient, kubeconfig: Path, namespace: str, tmp_path: Path, plane: Plane
 ) -> None:
     """The leader is paused (SIGSTOP) at a random point of a write burst, WDRF_PAUSES times
-    (default 1; `make test-under-load` with WDRF_PAUSES=50 for the proof). Witness the audit
-    log: no write of the paused leader that changed an object (2xx) completed after the new
-    leader's first write; requests of it that arrived late were refused (every write is a
-    compare-and-swap against the state it read, and the new leader changed that state)."""
+    (default 1; `make test-paused-leader` pauses 50 times beside a CPU hog). Two witnesses
+    the controller cannot write: the audit log (no write of the paused leader that changed an
+    object, 2xx, completed after the new leader's first write; requests of it that arrived
+    late were refused, every write being a compare-and-swap against the state it read), and
+    the Workloads' own history (a watch in resourceVersion order, each change given to a
+    replica by its field manager in managedFields: no change of the old leader after the new
+    leader's first change)."""
     cq, _ = kube.create_queues(api, namespace, {"cpu": 0})
     rng = random.Random(20)
-    refused_late = 0
-    handovers: list[float] = []
+    rounds: list[Round] = []
     try:
-        for round_ in range(PAUSES):
-            late, handover = _one_pause(api, kubeconfig, namespace, tmp_path / f"r{round_}",
-                                        plane, round_, rng.uniform(0.0, 1.5))
-            changed = [w for w in late if 200 <= w.code < 300]
+        for i in range(PAUSES):
+            r = _one_pause(api, kubeconfig, namespace, tmp_path / f"r{i}", plane, i,
+                           rng.uniform(0.0, 1.5))
+            changed = [w for w in r.late_requests if 200 <= w.code < 300]
             assert changed == [], (
-                f"round {round_}: writes of the paused leader that changed objects after the "
-                f"new leader's first write: {changed}")
-            refused_late += len(late)
-            handovers.append(handover)
-            print(f"pause {round_}: hand-over {handover:.1f}s, {len(late)} late request(s) "
-                  f"refused", flush=True)
+                f"round {i}: writes of the paused leader that changed objects after the "
+                f"new leader's first write (audit log): {changed}")
+            assert r.late_changes == [], (
+                f"round {i}: changes of the paused leader after the new leader's first "
+                f"change (Workloads' history, resourceVersion order): {r.late_changes}")
+            rounds.append(r)
+            print(f"pause {i}: hand-over {r.handover:.1f}s, {r.writes} writes, {r.conflicts} "
+                  f"conflicts, {r.changes} changes in the history ({r.inferred} same-second), "
+                  f"{len(r.late_requests)} late request(s) refused", flush=True)
+        handovers = [r.handover for r in rounds]
         print(f"{PAUSES} pauses: hand-over after SIGSTOP {min(handovers):.1f}-"
-              f"{max(handovers):.1f}s; requests of a paused leader that arrived after the new "
-              f"leader's first write: {refused_late}, all refused")
+              f"{max(handovers):.1f}s; {sum(r.writes for r in rounds)} Workload writes "
+              f"accepted, {sum(r.conflicts for r in rounds)} refused as conflicts; "
+              f"{sum(r.changes for r in rounds)} changes in the Workloads' history given to a "
+              f"replica ({sum(r.inferred for r in rounds)} same-second); requests of a paused "
+              f"leader that arrived after the new leader's first write: "
+              f"{sum(len(r.late_requests) for r in rounds)}, all refused; changes of a paused "
+              f"leader after the new leader's first: 0 (audit log), 0 (history)")
     finally:
         h.cleanup(api, [namespace], [cq])
 
 
 def _one_pause(api: k8s.ApiClient, kubeconfig: Path, namespace: str, tmp: Path, plane: Plane,
-               round_: int, delay: float) -> tuple[list[audit.Write], float]:
+               round_: int, delay: float) -> Round:
     tmp.mkdir(parents=True, exist_ok=True)
     lease = kube.unique_name("wdrf-pause")
     env = replica_env(lease)
     logs = {r: tmp / f"replica-{r}.log" for r in ("a", "b")}
+    watch = history.History(api, namespace).start()  # before any replica writes
     procs = {r: h.spawn_controller(kubeconfig, logs[r], **env) for r in ("a", "b")}
     try:
         first = holder(api, lease)
@@ -157,15 +184,31 @@ def _one_pause(api: k8s.ApiClient, kubeconfig: Path, namespace: str, tmp: Path, 
         wl3 = new_job(api, namespace, f"third-{round_}")
         kube.wait_for(lambda: boosted(api, namespace, wl3), 30, "the new leader boosts again")
         kube.wait_for(lambda: all(boosted(api, namespace, w) for w in burst), 30, "burst boosted")
-        writes = audit.controller_writes(plane.audit_events(audit.UA_PREFIX))
-        mine = [w for w in writes if w.identity in (first, second)]
+        kube.wait_for(watch.caught_up, 30, "the watch to see every Workload as it is now")
+        changes = watch.stop()
+        assert not watch.error, watch.error
+        sent = audit.controller_writes(plane.audit_events(audit.UA_PREFIX), ok_only=False)
+        sent = [w for w in sent if w.identity in (first, second)]
+        mine = [w for w in sent if 200 <= w.code < 300]
         epochs = audit.writer_epochs(mine)
         assert epochs == [first, second], epochs
         new_first = min(w2.at for w2 in mine if w2.identity == second)
-        late = [w for w in audit.controller_writes(plane.audit_events(audit.UA_PREFIX + first),
-                                                   ok_only=False) if w.at > new_first]
-        return late, handover
+        late = [w for w in sent if w.identity == first and w.at > new_first]
+        by = {r: [c for c in changes if r in c.replicas()] for r in (first, second)}
+        assert [c for c in changes if c.ambiguous or len(c.replicas()) > 1] == [], changes
+        assert by[first] and by[second], f"each leader changed something: {changes}"
+        for r in (first, second):  # the two witnesses agree on who changed which object
+            patched = {w.name for w in mine if w.identity == r and w.resource == "workloads"}
+            assert {c.name for c in by[r]} <= patched, (r, by[r], patched)
+        new_first_rv = min(c.rv for c in by[second])
+        workloads = [w for w in sent if w.resource == "workloads"]
+        return Round(handover, sum(200 <= w.code < 300 for w in workloads),
+                     sum(w.code in CONFLICT for w in workloads),
+                     len(by[first]) + len(by[second]),
+                     sum(c.inferred for c in changes if c.replicas()), late,
+                     [c for c in by[first] if c.rv > new_first_rv])
     finally:
+        watch.stop()
         for p in procs.values():
             stop(p)
 
