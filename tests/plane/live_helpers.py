@@ -9,17 +9,21 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from controller.config import Settings, load_settings
-from controller.domain import PRIORITY_TERMS_ANNOTATION
+from controller.accounting import UsageHistory
+from controller.config import PolicySettings, Settings, load_settings
+from controller.domain import PRIORITY_TERMS_ANNOTATION, ClusterSnapshot
+from controller.incremental import IncrementalPlanner
 from controller.live.kube import KubeTransport
 from controller.live.runner import CycleReport, LiveController
-from controller.plan import WorkloadDecision
+from controller.plan import Plan, WorkloadDecision
+from controller.policy import compute_plan
 from tests.support import kube
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,8 +43,30 @@ def live_settings(**env: str) -> Settings:
     return load_settings(REPO / "config.yaml", env=base)
 
 
+class CheckedPlanner(IncrementalPlanner):
+    """The live controller's incremental planner, checked every cycle against compute_plan on
+    the very snapshot the cycle planned (a difference fails the cycle)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.checked = 0
+        self.reused = 0  # pools whose part of the last plan was reused
+
+    def plan(self, snapshot: ClusterSnapshot, settings: PolicySettings, now: datetime,
+             history: UsageHistory | None = None) -> Plan:
+        plan = super().plan(snapshot, settings, now, history)
+        assert plan == compute_plan(snapshot, settings, now, history), (
+            f"incremental plan differs from the full plan (replanned {self.replanned})")
+        self.checked += 1
+        self.reused += self.pools - len(self.replanned) if not self.fallback else 0
+        return plan
+
+
 def new_controller(kubeconfig: Path, settings: Settings, **kw: Any) -> LiveController:
-    return LiveController(settings, KubeTransport.from_config(str(kubeconfig)), **kw)
+    """A controller whose every plan is checked against the full plan (`CheckedPlanner`)."""
+    c = LiveController(settings, KubeTransport.from_config(str(kubeconfig)), **kw)
+    c.planner = CheckedPlanner()
+    return c
 
 
 @contextlib.contextmanager

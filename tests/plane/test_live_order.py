@@ -3,6 +3,9 @@
 Three teams share one ClusterQueue with 3 cpu; two teams already run work (different usage).
 Seven 1-cpu Jobs wait, mixed classes, an urgent one submitted last. Then one cpu is freed at a
 time: each time, the Workload Kueue admits must be the head of the controller's current plan.
+A Workload waits meanwhile in a second, quiet ClusterQueue (another pool): the controller's
+incremental planner reuses that pool's part, and every plan equals the full plan of the same
+snapshot (`live_helpers.CheckedPlanner`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,13 @@ def test_admission_order_matches_plan_urgent_last_admitted_first(
 ) -> None:
     teams = [kube.create_namespace(api) for _ in range(3)]
     cq = kube.unique_name("cq-order")
+    quiet_ns, quiet_cq = kube.create_namespace(api), kube.unique_name("cq-quiet")
     kube.create_cluster_queue(api, cq, {"cpu": 3}, namespace_selector={})
+    kube.create_cluster_queue(api, quiet_cq, {"cpu": 0}, namespace_selector={})
     try:
+        kube.create_local_queue(api, quiet_ns, "lq", quiet_cq)
+        h.create_job(api, quiet_ns, "waits", "lq")
+        h.wait_pending(api, quiet_ns, h.job_workload(api, quiet_ns, "waits"))
         for ns in teams:
             kube.create_local_queue(api, ns, "lq", cq)
         running: list[tuple[str, str]] = []
@@ -93,5 +101,9 @@ def test_admission_order_matches_plan_urgent_last_admitted_first(
             assert names[admitted[0]] == "a-urgent"
             if mode == "spec":
                 assert c.mode is not None and c.mode.mode.value == "spec"
+            planner = c.planner
+            assert isinstance(planner, h.CheckedPlanner)
+            assert planner.checked >= len(admitted) and planner.reused > 0, (
+                planner.checked, planner.reused)
     finally:
-        h.cleanup(api, teams, [cq])
+        h.cleanup(api, [*teams, quiet_ns], [cq, quiet_cq])
