@@ -177,26 +177,22 @@ def resource_problems(
             for name, q in c.resources.items():
                 if name in _PLAIN_RESOURCES:  # hot path: nothing to check
                     continue
+                if name == GPUMEM:
+                    if q == q.to_integral_value() and 0 <= q <= MAX_GPUMEM_MIB:
+                        continue
+                    why, blocking = ("nvidia.com/gpumem must be a plain integer of MiB (e.g. "
+                                     "8192, not 8Gi); HAMi drops the GPU request otherwise"), True
+                elif name in (GPUCORES, GPUMEM_PERCENTAGE):
+                    if 0 <= q <= 100:
+                        continue
+                    why, blocking = "must be a percentage 0..100", True
+                elif is_known_resource(name, settings):
+                    continue
+                else:
+                    why, blocking = ("unknown resource: not counted in fair share (add it to "
+                                     "RESOURCE_WEIGHTS to count it)"), False
                 where = f"spec.podSets[{ps.name}].containers[{c.name}].resources.{name}"
-                if name == GPUMEM and (q != q.to_integral_value() or q > MAX_GPUMEM_MIB or q < 0):
-                    out.append((
-                        InputProblem(workload.ref, where, str(q),
-                                     "nvidia.com/gpumem must be a plain integer of MiB (e.g. 8192,"
-                                     " not 8Gi); HAMi drops the GPU request otherwise"),
-                        True,
-                    ))
-                elif name in (GPUCORES, GPUMEM_PERCENTAGE) and not (0 <= q <= 100):
-                    out.append((
-                        InputProblem(workload.ref, where, str(q), "must be a percentage 0..100"),
-                        True,
-                    ))
-                elif not is_known_resource(name, settings):
-                    out.append((
-                        InputProblem(workload.ref, where, str(q),
-                                     "unknown resource: not counted in fair share (add it to "
-                                     "RESOURCE_WEIGHTS to count it)"),
-                        False,
-                    ))
+                out.append((InputProblem(workload.ref, where, str(q), why), blocking))
     return out
 
 

@@ -73,6 +73,10 @@ class PriorityClass(enum.Enum):
     APPROVED = "approved"
     NORMAL = "normal"
 
+    # Members are singletons, equal only to themselves: hashed by identity, in C (Enum's own
+    # __hash__ is Python code, and a plan hashes a class several times per Workload).
+    __hash__ = object.__hash__
+
 
 class PriorityMode(enum.Enum):
     """Where the controller writes a Workload's priority."""
