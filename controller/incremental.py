@@ -34,7 +34,7 @@ owners with one name).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from operator import attrgetter, itemgetter
@@ -71,6 +71,10 @@ CLOCK_MARGIN = 1e-3
 HOUR = 3600.0  # the reclaim budget's window (`policy._Exposer.budget_left`)
 
 PendingKey = tuple[int, datetime, str]  # `policy.order`'s sort key
+_Merged = tuple[tuple[WorkloadDecision, ...], Mapping[tuple[str, str], TeamShare],
+                Mapping[str, TeamShare]]
+_FINISHED, _UID = attrgetter("finished"), attrgetter("uid")
+_NAMESPACE, _NAME = attrgetter("namespace"), attrgetter("name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +119,7 @@ class IncrementalPlanner:
     def __init__(self) -> None:
         self._parts: dict[str, _Part] = {}
         self._cluster: tuple[object, ...] | None = None
+        self._merged: _Merged | None = None  # the parts' decisions and shares, merged
         self.replanned: tuple[str, ...] = ()  # pools planned by the last call
         self.pools = 0  # pools in the last plan
         self.fallback = ""  # why the last call planned the whole snapshot ("" = it did not)
@@ -127,6 +132,7 @@ class IncrementalPlanner:
             return plan
         except _Fallback as why:
             self._parts.clear()
+            self._merged = None
             self._cluster = None
             self.fallback = str(why)
             self.replanned, self.pools = ("*",), 0
@@ -168,29 +174,37 @@ class IncrementalPlanner:
                 part = _plan_part(pool, given, snapshot, effective, now)
                 replanned.append(pool)
             parts[pool] = part
+        if replanned or parts.keys() != self._parts.keys() or self._merged is None:
+            self._merged = _merge(parts)
         self._parts = parts
         self.replanned, self.pools = tuple(sorted(replanned)), len(parts)
-
-        pending = [entry for part in parts.values() for entry in part.pending]
-        pending.sort(key=itemgetter(0))
-        admitted = [d for part in parts.values() for d in part.admitted]
-        admitted.sort(key=attrgetter("key"))
-        shares = MappingProxyType(
-            {pt: ts for pool in sorted(parts) for pt, ts in parts[pool].shares})
+        decisions, shares, teams = self._merged
         warnings = plan_warnings(
             snapshot.cluster_queues, sum(p.unknown for p in parts.values()),
             {team for (_pool, team) in shares}, capacity_known(capacities, effective),
             (w for w in snapshot.workloads if not w.finished), settings)
         return Plan(
             now=now,
-            decisions=(*map(itemgetter(1), pending), *admitted),
-            teams=team_summary(shares),
+            decisions=decisions,
+            teams=teams,
             problems=tuple(plan_problems),
             warnings=(*warnings, *weight_notes),
             history=None,
             pool_shares=shares,
             reference=ref,
         )
+
+
+def _merge(parts: dict[str, _Part]) -> _Merged:
+    """The parts' decisions as `compute_plan` orders them (pending by `policy.order`'s key,
+    then admitted by key), their (pool, team) shares by key, and the teams' summary."""
+    pending = [entry for part in parts.values() for entry in part.pending]
+    pending.sort(key=itemgetter(0))
+    admitted = [d for part in parts.values() for d in part.admitted]
+    admitted.sort(key=attrgetter("key"))
+    shares = MappingProxyType(
+        {pt: ts for pool in sorted(parts) for pt, ts in parts[pool].shares})
+    return (*map(itemgetter(1), pending), *admitted), shares, team_summary(shares)
 
 
 def _unique(keys: Iterable[object], what: str) -> None:
@@ -212,29 +226,37 @@ def _split(snapshot: ClusterSnapshot) -> tuple[dict[str, _Inputs], list[InputPro
     pool_by_cq = {cq.name: pool_of(cq) for cq in queues}
     lq_to_cq = {(lq.namespace, lq.name): lq.cluster_queue for lq in snapshot.local_queues}
 
+    workloads = snapshot.workloads
+    if any(map(_FINISHED, workloads)):
+        workloads = tuple(w for w in workloads if not w.finished)
+    # No duplicate UID or name, no Workload without a UID (checked in C: this runs every cycle).
+    uids = set(map(_UID, workloads))
+    names = set(zip(map(_NAMESPACE, workloads), map(_NAME, workloads), strict=True))
+    if len(uids) != len(workloads) or "" in uids or len(names) != len(workloads):
+        raise _Fallback("two Workloads with one UID or name, or a Workload without a UID")
+    # The pool of each LocalQueue and ClusterQueue, as `policy.account` assigns Workloads.
+    pool_of_lq = {key: pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
+                  for key, cq in lq_to_cq.items()}
     members: dict[str, list[Workload]] = {}
-    pending: dict[tuple[str, str], str] = {}
-    uids: set[str] = set()
-    names: set[tuple[str, str]] = set()
-    for w in snapshot.workloads:
-        if w.finished:
-            continue
-        uid, name = w.uid, (w.namespace, w.name)
-        if not uid or uid in uids or name in names:
-            raise _Fallback(f"Workload {w.key}: no UID, or a duplicate")
-        uids.add(uid)
-        names.add(name)
+    for w in workloads:
         if w.quota_reserved:
-            cq = w.admission.cluster_queue if w.admission else lq_to_cq.get(
-                (w.namespace, w.queue_name))
+            adm = w.admission
+            if adm is not None:
+                cq = adm.cluster_queue
+                pool = pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
+            else:
+                pool = pool_of_lq.get((w.namespace, w.queue_name), UNKNOWN_POOL)
         elif w.active:
-            cq = lq_to_cq.get((w.namespace, w.queue_name))
+            pool = pool_of_lq.get((w.namespace, w.queue_name), UNKNOWN_POOL)
         else:
             continue  # deactivated and pending: in no pool
-        pool = pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
-        members.setdefault(pool, []).append(w)
-        if not w.quota_reserved:
-            pending[name] = pool
+        found = members.get(pool)
+        if found is None:
+            members[pool] = [w]
+        else:
+            found.append(w)
+    pending = {(w.namespace, w.name): pool for pool, wls in members.items() for w in wls
+               if not w.quota_reserved} if snapshot.problems else {}
 
     problems: dict[str, list[InputProblem]] = {}
     plan_problems: list[InputProblem] = []

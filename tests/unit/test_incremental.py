@@ -279,7 +279,7 @@ def test_what_cannot_be_planned_by_pool_is_planned_whole() -> None:
     a, b = world.workloads.values()
     snap = replace(snap, workloads=(a, replace(b, uid=a.uid)))
     assert planner.plan(snap, Settings(), world.now) == compute_plan(snap, Settings(), world.now)
-    assert "duplicate" in planner.fallback
+    assert "one UID" in planner.fallback
     planner.plan(world.snapshot(), Settings(), world.now)
     assert planner.fallback == "" and planner.replanned == ("cohort/A",)
 
