@@ -748,6 +748,10 @@ class LiveSettings:
     priority_mode: PriorityMode = setting(  # noqa: RUF009 - setting() returns a field
         "PRIORITY_MODE", PriorityMode.AUTO, p_priority_mode, "auto|boost|spec"
     )
+    multikueue_manager_kubeconfig: str = setting(
+        "MULTIKUEUE_MANAGER_KUBECONFIG", "", p_str,
+        "on a MultiKueue worker: the manager's kubeconfig; copies take their classes from it",
+    )
     metrics_port: int = setting("METRICS_PORT", 8080, p_port, "Prometheus port (0 = off)")
     metrics_cert_file: str = setting(
         "METRICS_CERT_FILE", "", p_str,

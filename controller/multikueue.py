@@ -12,6 +12,13 @@ WorkloadPriorityClass (that one is forwarded). Annotation changes are never forw
 * worker (a copy carrying the MultiKueue origin label), spec mode: the manager would see the
   copy's spec differ and delete it or overwrite it. Never written. Boost mode stays effective.
 
+On a worker, the controller orders the copies in boost mode, with their classes read from the
+manager: `classes_from_manager` replaces each copy's class annotations (and its owner Job) by
+those of the manager's Workload of the same namespace and name and of that Workload's Job. The
+copy's own annotations are a snapshot taken at dispatch that MultiKueue never updates, and on a
+worker they could be set by someone with rights there only; the manager's are current and
+guarded by the manager's admission policy.
+
 Pure: `guard_plan` turns a plan into one that leaves those Workloads unchanged, with a problem on
 each and a warning per ClusterQueue.
 """
@@ -19,14 +26,18 @@ each and a warning per ClusterQueue.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from controller.domain import (
+    APPROVED_ANNOTATION,
     MULTIKUEUE_ORIGIN_LABEL,
+    PRIORITY_OVERRIDE_ANNOTATION,
+    URGENT_ANNOTATION,
     ClusterSnapshot,
     InputProblem,
+    JobInfo,
     ObjectRef,
     PriorityMode,
     Workload,
@@ -48,6 +59,49 @@ def multikueue_queues(snapshot: ClusterSnapshot) -> Mapping[str, str]:
 def is_remote_copy(workload: Workload) -> bool:
     """A worker's copy of a manager Workload (MultiKueue labels each copy with its origin)."""
     return MULTIKUEUE_ORIGIN_LABEL in workload.labels
+
+
+# What decides a Workload's class (classify.read_class, read_override).
+CLASS_INPUTS = (URGENT_ANNOTATION, APPROVED_ANNOTATION, PRIORITY_OVERRIDE_ANNOTATION)
+
+
+def classes_from_manager(
+    snapshot: ClusterSnapshot,
+    manager_workload: Callable[[str], Workload | None],
+    manager_job: Callable[[str, str], JobInfo | None],
+) -> ClusterSnapshot:
+    """A worker's snapshot in which every MultiKueue copy carries the class inputs of its
+    manager Workload (looked up by "namespace/name") and has that Workload's batch/v1 Job
+    (looked up by namespace, name) as its owner; the copy's own class annotations and its
+    worker-side Job count for nothing. A copy whose manager Workload or Job is unknown keeps
+    only what the one found says (neither: the normal class). Other Workloads are unchanged."""
+    if not any(is_remote_copy(w) for w in snapshot.workloads):
+        return snapshot
+    workloads: list[Workload] = []
+    replaced_jobs: set[tuple[str, str]] = set()
+    manager_jobs: dict[tuple[str, str], JobInfo] = {}
+    for w in snapshot.workloads:
+        if not is_remote_copy(w):
+            workloads.append(w)
+            continue
+        if w.owner is not None and w.owner.is_batch_job:
+            replaced_jobs.add((w.namespace, w.owner.name))
+        origin = manager_workload(w.key)
+        ann = {k: v for k, v in w.annotations.items() if k not in CLASS_INPUTS}
+        owner: ObjectRef | None = None
+        if origin is not None:
+            ann.update({k: origin.annotations[k] for k in CLASS_INPUTS
+                        if k in origin.annotations})
+            if origin.owner is not None and origin.owner.is_batch_job:
+                job = manager_job(origin.namespace, origin.owner.name)
+                if job is not None:
+                    owner = origin.owner
+                    manager_jobs[(job.namespace, job.name)] = job
+        workloads.append(dataclasses.replace(w, annotations=MappingProxyType(ann), owner=owner))
+    jobs = [j for j in snapshot.jobs if (j.namespace, j.name) not in replaced_jobs
+            and (j.namespace, j.name) not in manager_jobs]
+    return dataclasses.replace(snapshot, workloads=tuple(workloads),
+                               jobs=(*jobs, *manager_jobs.values()))
 
 
 @dataclass(frozen=True, slots=True)

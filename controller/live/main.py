@@ -57,6 +57,21 @@ def make_transport(settings: Settings, identity: str = "") -> Transport:
         raise LiveError(f"cannot configure the Kubernetes client: {e}") from None
 
 
+def make_manager_transport(settings: Settings, identity: str = "") -> Transport | None:
+    """The MultiKueue manager's API (MULTIKUEUE_MANAGER_KUBECONFIG), None when not set."""
+    from controller.live.kube import KubeTransport
+
+    if not settings.multikueue_manager_kubeconfig:
+        return None
+    try:
+        return KubeTransport.from_config(settings.multikueue_manager_kubeconfig,
+                                         user_agent=user_agent(identity) if identity else
+                                         "wdrf-controller")
+    except Exception as e:
+        raise LiveError(f"cannot configure the client of the MultiKueue manager "
+                        f"(MULTIKUEUE_MANAGER_KUBECONFIG): {e}") from None
+
+
 def print_plan(report: CycleReport, output: str, settings: Settings) -> str:
     from controller.render import render
 
@@ -111,7 +126,13 @@ def run_live(settings: Settings, dry_run: bool, once: bool, output: str) -> int:
     except LiveError as e:
         log.error("%s", e)
         return 1
-    controller = LiveController(settings, transport, dry_run=dry_run, identity=identity)
+    try:
+        manager = make_manager_transport(settings, identity)
+    except LiveError as e:
+        log.error("%s", e)
+        return 1
+    controller = LiveController(settings, transport, dry_run=dry_run, identity=identity,
+                                manager=manager)
     previous = _install_signal_handlers(controller.stop_event)
     failure = ""
     try:
@@ -188,7 +209,7 @@ def live_plan_and_snapshot(settings: Settings, now: datetime) -> tuple[Plan, Clu
     """`live_plan` with the snapshot it was computed from (explain finds a Job's Workload in
     it)."""
     controller = LiveController(settings, ReadOnlyTransport(make_transport(settings)),
-                                dry_run=True)
+                                dry_run=True, manager=make_manager_transport(settings))
     limit = settings.once_timeout
     deadline = time.monotonic() + limit
 

@@ -3,7 +3,9 @@
 Layout of one process:
 
 * informer threads keep Workloads, ClusterQueues, LocalQueues, Kueue-managed Jobs and pods
-  (and Nodes when capacity comes from inventories) in memory by LIST + WATCH;
+  (and Nodes when capacity comes from inventories) in memory by LIST + WATCH; on a MultiKueue
+  worker with a `manager` transport, also the manager's Workloads and Jobs (read only: the
+  classes of the copies, `controller.multikueue.classes_from_manager`);
 * a leader-election thread holds the Lease (not in dry run);
 * an HTTP thread serves /metrics, /healthz, /readyz;
 * the main thread runs cycles: every LOOP_INTERVAL, and within ~2 s of a watch event that
@@ -31,7 +33,7 @@ from datetime import UTC, datetime
 
 from controller.accounting import UsageHistory
 from controller.config import CapacitySourceSetting, Settings
-from controller.domain import KueueApiVersion, ObjectRef, QuotaCheck
+from controller.domain import JobInfo, KueueApiVersion, ObjectRef, QuotaCheck, Workload
 from controller.incremental import IncrementalPlanner
 from controller.live.api import (
     ADMISSION_CHECKS,
@@ -69,18 +71,19 @@ from controller.live.metrics import HttpServer, Metrics
 from controller.live.secure_metrics import SecureMetricsServer, TokenAuthorizer, tls_context
 from controller.live.snapshot import (
     Built,
+    ParseCache,
     Parsers,
     SnapshotBuilder,
     needs_prompt_cycle,
 )
 from controller.live.startup import Discovery
 from controller.live.writer import CycleWriter
-from controller.multikueue import guard_plan
+from controller.multikueue import classes_from_manager, guard_plan
 from controller.plan import (
     Plan,
     PriorityMode,
 )
-from controller.workload import owner_key
+from controller.workload import job_key, owner_key
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,7 @@ MIN_TRIGGER_GAP = 0.5  # seconds between prompt cycles, so a burst of arrivals i
 SYNC_TIMEOUT = 120.0
 APPLY_WORKERS = 8  # concurrent writes (a first cycle on a big cluster writes thousands)
 FRESHNESS_CRITICAL = ("workloads", "clusterqueues")  # stale -> not ready, writes paused
+MANAGER_PREFIX = "manager-"  # informer names for the MultiKueue manager's Workloads and Jobs
 SHUTDOWN_GRACE = 25.0  # below the Deployment's terminationGracePeriodSeconds (30)
 
 
@@ -137,6 +141,7 @@ class LiveController:
         metrics: Metrics | None = None,
         parsers: Parsers | None = None,
         watch_timeout: float = 300.0,
+        manager: Transport | None = None,
     ) -> None:
         self.settings = settings
         self.dry_run = dry_run
@@ -150,6 +155,13 @@ class LiveController:
         limited = RateLimitedTransport(self.counting, self.bucket)
         base: Transport = ReadOnlyTransport(limited) if dry_run else limited
         self.reader = base
+        # The MultiKueue manager (MULTIKUEUE_MANAGER_KUBECONFIG): never written to.
+        self.manager_reader: Transport | None = None
+        if manager is not None:
+            self.manager_reader = ReadOnlyTransport(RateLimitedTransport(
+                CountingTransport(manager, lambda verb, res: self.metrics.api_requests.labels(
+                    verb, MANAGER_PREFIX + res).inc()),
+                TokenBucket(settings.client_qps, settings.client_burst)))
         self.stop_event = threading.Event()  # stop planning (SIGTERM, lost leadership)
         self._elector_stop = threading.Event()  # stop renewing (after the last write)
         self.lost_leadership = False
@@ -180,7 +192,10 @@ class LiveController:
         )
         self.history: UsageHistory | None = (
             None if settings.usage_half_life <= 0 else self.history_store.load())
-        self.builder = SnapshotBuilder(parsers or default_parsers())
+        self.parsers = parsers or default_parsers()
+        self.builder = SnapshotBuilder(self.parsers)
+        self._manager_wls = ParseCache(self.parsers.workload)
+        self._manager_jobs = ParseCache(self.parsers.job)
         # Replans only the pools whose inputs changed; equal to compute_plan on the whole.
         self.planner = IncrementalPlanner()
         self._whole = ""
@@ -255,9 +270,27 @@ class LiveController:
                            watch_timeout=self._watch_timeout)
             for name, spec in specs.items()
         }
+        if self.manager_reader is not None:
+            manager_specs = {
+                f"{MANAGER_PREFIX}workloads": WatchSpec(self._resource(WORKLOADS)),
+                f"{MANAGER_PREFIX}jobs": WatchSpec(JOBS, label_selector=JOB_SELECTOR),
+            }
+            for name, spec in manager_specs.items():
+                inf = Informer(self.manager_reader, spec, self.metrics,
+                               on_event=self._on_manager_event,
+                               watch_timeout=self._watch_timeout)
+                inf.name = name  # its metrics apart from this cluster's
+                self.informers[name] = inf
 
     def _on_event(self, kind: str, old: object, new: object) -> None:
         jobs = self.informers.get("jobs")
+        lookup = jobs.get if jobs is not None else (lambda _key: None)
+        if needs_prompt_cycle(kind, old, new, lookup):  # type: ignore[arg-type]
+            self.trigger.set()
+
+    def _on_manager_event(self, kind: str, old: object, new: object) -> None:
+        """A class change on the manager reorders the copies here within a prompt cycle."""
+        jobs = self.informers.get(f"{MANAGER_PREFIX}jobs")
         lookup = jobs.get if jobs is not None else (lambda _key: None)
         if needs_prompt_cycle(kind, old, new, lookup):  # type: ignore[arg-type]
             self.trigger.set()
@@ -344,11 +377,25 @@ class LiveController:
                             str(o["metadata"].get("name"))): o
                   for name, i in inf.items() if name.startswith(OWNERS_PREFIX)
                   for o in i.items()}
-        return self.builder.build(
+        built = self.builder.build(
             inf["workloads"].items(), inf["clusterqueues"].items(), inf["localqueues"].items(),
             jobs, nodes, owners,
             inf["admissionchecks"].items() if "admissionchecks" in inf else None,
         )
+        if f"{MANAGER_PREFIX}workloads" not in inf:
+            return built
+        self._manager_wls.prune(inf[f"{MANAGER_PREFIX}workloads"].items())
+        self._manager_jobs.prune(inf[f"{MANAGER_PREFIX}jobs"].items())
+        return dataclasses.replace(built, snapshot=classes_from_manager(
+            built.snapshot, self._manager_workload, self._manager_job))
+
+    def _manager_workload(self, key: str) -> Workload | None:
+        obj = self.informers[f"{MANAGER_PREFIX}workloads"].get(key)
+        return self._manager_wls.get(obj)[0] if obj is not None else None
+
+    def _manager_job(self, namespace: str, name: str) -> JobInfo | None:
+        obj = self.informers[f"{MANAGER_PREFIX}jobs"].get(job_key(namespace, name))
+        return self._manager_jobs.get(obj)[0] if obj is not None else None
 
     def plan(self, now: datetime) -> tuple[Plan, Built]:
         built = self.snapshot()

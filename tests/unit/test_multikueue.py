@@ -9,16 +9,28 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from controller.domain import MULTIKUEUE_CONTROLLER, MULTIKUEUE_ORIGIN_LABEL, PriorityMode
+from controller.classify import read_class
+from controller.domain import (
+    APPROVED_ANNOTATION,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    MULTIKUEUE_CONTROLLER,
+    MULTIKUEUE_ORIGIN_LABEL,
+    PRIORITY_OVERRIDE_ANNOTATION,
+    URGENT_ANNOTATION,
+    ClusterSnapshot,
+    PriorityClass,
+    PriorityMode,
+)
 from controller.live.api import ADMISSION_CHECKS, WORKLOADS
 from controller.live.diff import PRIORITY, plan_diff
 from controller.live.metrics import Metrics
-from controller.multikueue import guard_plan, multikueue_queues
+from controller.multikueue import classes_from_manager, guard_plan, multikueue_queues
 from controller.parse import build_snapshot, parse_admission_check, parse_cluster_queue
 from controller.plan import Plan
 from controller.policy import compute_plan
 from tests.support.builders import (
     cluster_queue_dict,
+    job_dict,
     local_queue_dict,
     settings,
     workload_dict,
@@ -181,7 +193,6 @@ def test_skipped_metric_per_cluster_queue() -> None:
 
 
 def test_live_spec_mode_writes_nothing_to_a_multikueue_cluster_queue() -> None:
-    from controller.domain import URGENT_ANNOTATION
     from controller.live.api import CLUSTER_QUEUES
     from tests.unit.test_live_runner import cluster, controller, stored, workload
     from tests.unit.test_live_runner import settings as live_settings
@@ -208,3 +219,123 @@ def test_live_spec_mode_writes_nothing_to_a_multikueue_cluster_queue() -> None:
     report = c.run_cycle(NOW)
     assert {ch.ref.name for ch in report.changes} == {"a1", "b1"}
     assert stored(api, "team-b", "b1")["spec"]["priority"] > 0
+
+
+# -- a worker's copies take their classes from the manager -------------------------------------
+
+
+def worker_and_manager(copy_ann: dict[str, str], manager_ann: dict[str, str],
+                       manager_job_ann: dict[str, str] | None,
+                       worker_job_ann: dict[str, str] | None = None) -> tuple[
+                           ClusterSnapshot, ClusterSnapshot]:
+    """A worker with one copy (and, when given, the Job MultiKueue created for it there) and a
+    local Workload; the manager with the copy's origin Workload and (when given) its Job."""
+    copy_wl = workload_dict("w", queue="lq", annotations=copy_ann,
+                            labels={MULTIKUEUE_ORIGIN_LABEL: "manager-1"},
+                            owner_job="j" if worker_job_ann is not None else None)
+    own = workload_dict("own", queue="lq", annotations={URGENT_ANNOTATION: "true"})
+    worker = [copy_wl, own]
+    if worker_job_ann is not None:
+        worker.append(job_dict("j", annotations=worker_job_ann))
+    manager = [workload_dict("w", queue="lq", annotations=manager_ann,
+                             owner_job="j" if manager_job_ann is not None else None)]
+    if manager_job_ann is not None:
+        manager.append(job_dict("j", annotations=manager_job_ann))
+    return build_snapshot(worker), build_snapshot(manager)
+
+
+def overlay(worker: ClusterSnapshot, manager: ClusterSnapshot | None) -> ClusterSnapshot:
+    wls = {w.key: w for w in manager.workloads} if manager else {}
+    jobs = {(j.namespace, j.name): j for j in manager.jobs} if manager else {}
+    return classes_from_manager(worker, wls.get, lambda ns, n: jobs.get((ns, n)))
+
+
+def class_of(snap: ClusterSnapshot, name: str) -> PriorityClass:
+    w = next(w for w in snap.workloads if w.name == name)
+    job = next((j for j in snap.jobs if w.owner is not None and j.name == w.owner.name), None)
+    return read_class(w, job)[0]
+
+
+def test_a_copy_takes_the_class_of_its_manager_job() -> None:
+    worker, manager = worker_and_manager({}, {}, {APPROVED_ANNOTATION: "true"})
+    assert class_of(worker, "w") is PriorityClass.NORMAL
+    out = overlay(worker, manager)
+    assert class_of(out, "w") is PriorityClass.APPROVED
+    assert class_of(out, "own") is PriorityClass.URGENT  # not a copy: its own annotations
+
+
+def test_a_copy_takes_the_class_of_its_manager_workload() -> None:
+    worker, manager = worker_and_manager({}, {URGENT_ANNOTATION: "true"}, None)
+    assert class_of(overlay(worker, manager), "w") is PriorityClass.URGENT
+
+
+def test_what_is_set_on_the_worker_counts_for_nothing() -> None:
+    """Urgent on the copy and on the Job MultiKueue created on the worker: ignored; the
+    manager says normal."""
+    worker, manager = worker_and_manager(
+        {URGENT_ANNOTATION: "true", PRIORITY_OVERRIDE_ANNOTATION: "9"}, {}, {},
+        worker_job_ann={URGENT_ANNOTATION: "true"})
+    assert class_of(worker, "w") is PriorityClass.URGENT
+    out = overlay(worker, manager)
+    assert class_of(out, "w") is PriorityClass.NORMAL
+    copy_wl = next(w for w in out.workloads if w.name == "w")
+    assert PRIORITY_OVERRIDE_ANNOTATION not in copy_wl.annotations
+    # the Job in the snapshot is the manager's now (annotations as the manager has them)
+    assert [j.annotations for j in out.jobs if j.name == "j"] == [{}]
+
+
+def test_a_copy_without_a_known_origin_is_normal() -> None:
+    worker, _ = worker_and_manager({URGENT_ANNOTATION: "true"}, {}, None,
+                                   worker_job_ann={APPROVED_ANNOTATION: "true"})
+    out = overlay(worker, None)
+    assert class_of(out, "w") is PriorityClass.NORMAL
+    assert next(w for w in out.workloads if w.name == "w").owner is None
+
+
+def test_the_controllers_own_annotations_on_a_copy_are_kept() -> None:
+    boost = {KUEUE_PRIORITY_BOOST_ANNOTATION: "1500000"}
+    worker, manager = worker_and_manager(dict(boost), {}, {URGENT_ANNOTATION: "true"})
+    copy_wl = next(w for w in overlay(worker, manager).workloads if w.name == "w")
+    assert dict(copy_wl.annotations) == boost
+
+
+def test_no_copies_no_change() -> None:
+    snap = build_snapshot([workload_dict("a", queue="lq")])
+    assert classes_from_manager(snap, lambda _k: None, lambda _n, _m: None) is snap
+
+
+def test_live_worker_orders_copies_by_the_managers_classes_and_never_writes_the_manager() -> None:
+    from controller.live.api import JOBS
+    from tests.unit.test_live_runner import cluster, controller, resync, stored, workload
+    from tests.unit.test_live_runner import settings as live_settings
+
+    worker, manager = FakeApi(), FakeApi()
+    cluster(worker)
+    cluster(manager)
+    for api in (worker, manager):
+        workload(api, "team-a", "a1", minutes_ago=20)
+        workload(api, "team-b", "b1", minutes_ago=10, owner="b1-job")
+    for name in ("a1", "b1"):  # copies on the worker; urgent set there is ignored
+        obj = stored(worker, "team-a" if name == "a1" else "team-b", name)
+        obj["metadata"]["labels"] = {MULTIKUEUE_ORIGIN_LABEL: "manager-1"}
+        obj["metadata"]["annotations"] = {URGENT_ANNOTATION: "true"} if name == "b1" else {}
+        worker.put_object(WORKLOADS.item(name, obj["metadata"]["namespace"]), obj)
+    manager.put_object(JOBS.item("b1-job", "team-b"), {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "b1-job", "namespace": "team-b", "uid": "uid-b1-job",
+                     "labels": {"kueue.x-k8s.io/queue-name": "lq"}, "annotations": {}},
+        "spec": {"template": {"spec": {"containers": []}}}})
+    c = controller(worker, live_settings(), manager=manager)
+    report = c.run_cycle(NOW)
+    head = [d.key for d in report.plan.decisions if d.rank == 0]
+    assert head == ["team-a/a1"]  # the older one: b1 is urgent on the worker only
+    # a lead approves b1's Job on the manager: the worker's next cycle puts b1 first
+    job = manager.get_object(JOBS.item("b1-job", "team-b"))
+    assert job is not None
+    job["metadata"]["annotations"] = {APPROVED_ANNOTATION: "true"}
+    manager.put_object(JOBS.item("b1-job", "team-b"), job)
+    resync(c)
+    report = c.run_cycle(NOW)
+    assert [d.key for d in report.plan.decisions if d.rank == 0] == ["team-b/b1"]
+    assert manager.writes() == []
+    assert any("/jobs" in path for _, path in manager.requests)
