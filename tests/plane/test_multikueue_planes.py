@@ -8,20 +8,29 @@ the workers' apiserver audit logs (who deleted what), never the controller's own
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
+from controller.domain import APPROVED_ANNOTATION as APPROVED
+from controller.domain import URGENT_ANNOTATION as URGENT
+from controller.live.kube import KubeTransport
+from controller.live.runner import LiveController
 from tests.plane import live_audit as audit
+from tests.plane import live_helpers as h
 from tests.support import kube
 from tests.support.multikueue import MK_USER, ORIGIN, MultiKueuePlanes, Queues, remote_copy
 
 pytestmark = [pytest.mark.plane, pytest.mark.e2e]
 Obj = dict[str, Any]
 ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +178,170 @@ def test_priority_boost_change_after_dispatch_is_not_forwarded(mk: MultiKueuePla
         assert c["metadata"]["labels"][ORIGIN_LABEL] == ORIGIN
     manager_wl = kube.get_workload(m, q.namespace, waiting)
     assert manager_wl["metadata"]["annotations"][kube.PRIORITY_BOOST] == "5000"
+
+
+# -- the deployment: a controller per worker, classes from the manager ----------------------------
+
+
+WORKER_USERS = "wdrf-test:worker-users"
+
+
+def _install_admission_policy(worker: k8s.ApiClient, ns: str) -> None:
+    """manifests/admission as shipped, with MultiKueue's identity exempt (it mirrors the
+    manager, whose own policy already checked each annotation), and an editor Role in ``ns``
+    for people who have rights on this worker only."""
+    from tests.plane.test_manifests_plane import ssa
+
+    for obj in kube.render_kustomize(REPO / "manifests" / "admission"):
+        if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "wdrf-admission-params":
+            obj["data"]["exemptUsers"] = MK_USER
+        ssa(worker, obj)
+    ssa(worker, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                 "metadata": {"name": "editor", "namespace": ns},
+                 "rules": [{"apiGroups": ["batch", kube.KUEUE_GROUP],
+                            "resources": ["jobs", "workloads"],
+                            "verbs": ["get", "list", "create", "update", "patch"]}]})
+    ssa(worker, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": {"name": "editor", "namespace": ns},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                             "name": "editor"},
+                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                               "name": WORKER_USERS}]})
+
+
+def _effective(c: Obj) -> int:
+    boost = (c["metadata"].get("annotations") or {}).get(kube.PRIORITY_BOOST, "0")
+    return int(c["spec"].get("priority") or 0) + int(boost)
+
+
+def test_controllers_on_the_workers_order_the_copies_by_the_managers_classes(
+    mk: MultiKueuePlanes,
+) -> None:
+    """A controller per worker (boost mode, MULTIKUEUE_MANAGER_KUBECONFIG): each worker's Kueue
+    admits the copies urgent, then approved, then normal; an urgent set on the manager's Job
+    after dispatch reorders the worker's queue within one cycle; someone with rights on a
+    worker only cannot promote a copy there. Witnesses: which copy each worker's Kueue admits
+    next (QuotaReserved), the workers' admission policy's denial, the audit logs."""
+    q = mk.add_queues({"cpu": 10}, {"cpu": 1})
+    ns = q.namespace
+    m = mk.manager.api_client()
+    workers = {w: p.api_client() for w, p in mk.workers.items()}
+    for api in workers.values():
+        _install_admission_policy(api, ns)
+    blockers = {_admitted_copy(mk, ns, n)[0]: n for n in (
+        _submit(mk, q, f"blocker-{i}", run_seconds=600) for i in range(len(workers)))}
+    assert set(blockers) == set(workers), blockers
+    jobs = {"n1": {}, "a1": {APPROVED: "true"}, "u1": {URGENT: "true"}, "n2": {}}
+    wl = {j: _submit(mk, q, j, run_seconds=600, annotations=ann) for j, ann in jobs.items()}
+    first_uid: dict[tuple[str, str], str] = {}
+
+    def dispatched() -> bool:
+        for j, name in wl.items():
+            for w, c in _copies(mk, ns, name).items():
+                first_uid.setdefault((w, j), c["metadata"]["uid"])
+        return len(first_uid) == len(wl) * len(workers)
+
+    kube.wait_for(dispatched, 60, "every Job's copy on both workers")
+
+    controllers = {
+        w: LiveController(
+            h.live_settings(LOOP_INTERVAL="30", PRIORITY_MODE="boost",
+                            MULTIKUEUE_MANAGER_KUBECONFIG=str(mk.manager.kubeconfig)),
+            KubeTransport.from_config(str(p.kubeconfig), user_agent=audit.UA_PREFIX + w),
+            identity=w,
+            manager=KubeTransport.from_config(str(mk.manager.kubeconfig),
+                                              user_agent=audit.UA_PREFIX + w))
+        for w, p in mk.workers.items()}
+    started_at = datetime.now(UTC).replace(microsecond=0)
+    with contextlib.ExitStack() as stack:
+        for c in controllers.values():
+            stack.enter_context(h.started(c, loop=True))
+
+        def ordered(w: str) -> bool:
+            eff = {j: _effective(c) for j in wl
+                   if (c := remote_copy(workers[w], ns, wl[j])) is not None}
+            return len(eff) == len(wl) and eff["u1"] > eff["a1"] > eff["n1"]
+
+        for w in workers:
+            kube.wait_for(lambda w=w: ordered(w), 60, f"the controller on {w} ordering")  # type: ignore[misc]
+
+        # Someone with rights on worker-2 only tries to make n1 urgent there: the worker's
+        # admission policy refuses (and the controller would read the manager's Job anyway).
+        wendy = kube.impersonating_client(workers["worker-2"], "wendy", [WORKER_USERS])
+
+        copy_path = kube.kueue_path("workloads", wl["n1"], ns)
+        urgent_patch = {"metadata": {"annotations": {URGENT: "true"}}}
+
+        def enforced() -> bool:  # policies load asynchronously: probe without effect first
+            try:
+                kube.request(wendy, "PATCH", copy_path, urgent_patch, query={"dryRun": "All"})
+            except ApiException as e:
+                return URGENT in str(e.body)
+            return False
+
+        kube.wait_for(enforced, 60, "worker-2's admission policy enforced")
+        for attempt in (lambda: kube.request(wendy, "PATCH", copy_path, urgent_patch),
+                        lambda: kube.create_job(wendy, ns, "sneaky", q.local_queue,
+                                                annotations={URGENT: "true"})):
+            code, text = kube.denial(attempt)
+            assert code in (403, 422) and URGENT in text, (code, text)
+
+        # worker-1 frees its slot: its Kueue admits the urgent copy first.
+        w1 = "worker-1"
+        order = [_release_and_next(mk, ns, blockers[w1], w1, wl)]
+        # n2 becomes urgent on the manager after dispatch: both workers reorder within a cycle.
+        # LOOP_INTERVAL is long: cycles here come from the prompt trigger of the change.
+        cycles_before = {w: c.cycles for w, c in controllers.items()}
+        kube.request(m, "PATCH", f"/apis/batch/v1/namespaces/{ns}/jobs/n2",
+                     {"metadata": {"annotations": {URGENT: "true"}}})
+        seen_at: dict[str, int] = {}  # worker -> cycles finished before the GET that saw it
+
+        def reordered() -> bool:
+            for w in set(workers) - set(seen_at):
+                cycles = controllers[w].cycles
+                eff = {j: _effective(c) for j in ("n2", "a1")
+                       if (c := remote_copy(workers[w], ns, wl[j])) is not None}
+                if eff.get("n2", 0) > eff.get("a1", 0):
+                    seen_at[w] = cycles
+            return len(seen_at) == len(workers)
+
+        kube.wait_for(reordered, 60, "n2 above a1 on both workers")
+        for w in workers:  # written by the cycle running at the change or the next one
+            assert seen_at[w] - cycles_before[w] <= 2, (w, cycles_before, seen_at)
+        for _ in range(3):  # then n2 (urgent now), a1 (approved), n1 (normal)
+            order.append(_release_and_next(mk, ns, wl[order[-1]], w1, wl))
+        assert order == ["u1", "n2", "a1", "n1"], order
+
+    # The copies Kueue admitted on worker-1 are those MultiKueue created at dispatch (nothing
+    # the controllers wrote made MultiKueue recreate one); the controllers only patched
+    # Workloads on the workers (besides Events) and wrote nothing on the manager.
+    for j in order:
+        c = remote_copy(workers[w1], ns, wl[j])
+        assert c is None or c["metadata"]["uid"] == first_uid[(w1, j)], j
+    audit_w1 = audit.controller_writes(mk.workers[w1].audit_events(audit.UA_PREFIX))
+    assert {x.verb for x in audit_w1 if x.resource == "workloads"} == {"patch"}, audit_w1
+    assert not audit.controller_writes(mk.manager.audit_events(audit.UA_PREFIX))
+    for w in workers:
+        deleted = [e for e in mk.workers[w].audit_events()
+                   if e.get("verb") == "delete"
+                   and (e.get("objectRef") or {}).get("resource") == "workloads"
+                   and (e.get("objectRef") or {}).get("namespace") == ns
+                   and audit.ts(e["requestReceivedTimestamp"]) >= started_at
+                   and (e.get("user") or {}).get("username") != MK_USER]
+        assert not deleted, deleted
+
+
+def _release_and_next(mk: MultiKueuePlanes, ns: str, running: str, worker: str,
+                      wl: dict[str, str]) -> str:
+    """Deactivate ``running`` on the manager (MultiKueue removes its copy and frees the
+    worker's slot) and return the Job whose copy ``worker``'s Kueue admits next."""
+    h.deactivate(mk.manager.api_client(), ns, running)
+    api = mk.workers[worker].api_client()
+
+    def next_one() -> str | None:
+        got = [j for j, name in wl.items() if name != running and (
+            c := remote_copy(api, ns, name)) is not None and kube.has_condition(
+                c, "QuotaReserved")]
+        return got[0] if len(got) == 1 else None
+
+    return kube.wait_for(next_one, 60, f"the next admission on {worker}")
