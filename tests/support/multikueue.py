@@ -119,9 +119,11 @@ class MultiKueuePlanes:
         self.timings["start"] = time.monotonic() - t0
 
     def stop(self) -> None:
-        for p in self.planes.values():
-            with contextlib.suppress(Exception):
-                p.stop()
+        """Stop the three planes concurrently (each waits for its processes' grace)."""
+        with ThreadPoolExecutor(len(self.planes)) as pool:
+            for f in [pool.submit(p.stop) for p in self.planes.values()]:
+                with contextlib.suppress(Exception):
+                    f.result()
 
     def logs_tail(self, lines: int = 20) -> str:
         return "\n".join(f"===== {n} =====\n{p.logs_tail(lines)}"
