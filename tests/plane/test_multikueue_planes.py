@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.domain import APPROVED_ANNOTATION as APPROVED
 from controller.domain import URGENT_ANNOTATION as URGENT
-from controller.live.kube import KubeTransport
+from controller.live.main import make_manager_transport, make_transport
 from controller.live.runner import LiveController
 from tests.plane import live_audit as audit
 from tests.plane import live_helpers as h
@@ -223,11 +223,11 @@ def _effective(c: Obj) -> int:
 def test_controllers_on_the_workers_order_the_copies_by_the_managers_classes(
     mk: MultiKueuePlanes,
 ) -> None:
-    """A controller per worker (boost mode, MULTIKUEUE_MANAGER_KUBECONFIG): each worker's Kueue
+    """A controller per worker (boost mode, MULTIKUEUE_MANAGER_KUBECONFIG): worker-1's Kueue
     admits the copies urgent, then approved, then normal; an urgent set on the manager's Job
-    after dispatch reorders the worker's queue within one cycle; someone with rights on a
-    worker only cannot promote a copy there. Witnesses: which copy each worker's Kueue admits
-    next (QuotaReserved), the workers' admission policy's denial, the audit logs."""
+    after dispatch reorders both workers' queues within one cycle; someone with rights on a
+    worker only cannot promote a copy there. Witnesses: which copy worker-1's Kueue admits
+    next (QuotaReserved), the worker's admission policy's denial, the audit logs."""
     q = mk.add_queues({"cpu": 10}, {"cpu": 1})
     ns = q.namespace
     m = mk.manager.api_client()
@@ -249,15 +249,15 @@ def test_controllers_on_the_workers_order_the_copies_by_the_managers_classes(
 
     kube.wait_for(dispatched, 60, "every Job's copy on both workers")
 
-    controllers = {
-        w: LiveController(
-            h.live_settings(LOOP_INTERVAL="30", PRIORITY_MODE="boost",
-                            MULTIKUEUE_MANAGER_KUBECONFIG=str(mk.manager.kubeconfig)),
-            KubeTransport.from_config(str(p.kubeconfig), user_agent=audit.UA_PREFIX + w),
-            identity=w,
-            manager=KubeTransport.from_config(str(mk.manager.kubeconfig),
-                                              user_agent=audit.UA_PREFIX + w))
-        for w, p in mk.workers.items()}
+    # Built as `python -m controller` builds them (main.make_transport and
+    # make_manager_transport), each naming itself in its User-Agent.
+    controllers = {}
+    for w, p in mk.workers.items():
+        settings = h.live_settings(
+            LOOP_INTERVAL="30", PRIORITY_MODE="boost", KUBECONFIG_PATH=str(p.kubeconfig),
+            MULTIKUEUE_MANAGER_KUBECONFIG=str(mk.manager.kubeconfig))
+        controllers[w] = LiveController(settings, make_transport(settings, w), identity=w,
+                                        manager=make_manager_transport(settings, w))
     with contextlib.ExitStack() as stack:
         for c in controllers.values():
             stack.enter_context(h.started(c, loop=True))
@@ -325,7 +325,9 @@ def test_controllers_on_the_workers_order_the_copies_by_the_managers_classes(
         assert c is None or c["metadata"]["uid"] == first_uid[(w1, j)], j
     audit_w1 = audit.controller_writes(mk.workers[w1].audit_events(audit.UA_PREFIX))
     assert {x.verb for x in audit_w1 if x.resource == "workloads"} == {"patch"}, audit_w1
-    assert not audit.controller_writes(mk.manager.audit_events(audit.UA_PREFIX))
+    on_manager = mk.manager.audit_events(audit.UA_PREFIX)
+    assert not audit.controller_writes(on_manager)
+    assert all(audit.watches(on_manager, w) for w in workers)  # they did read the manager
 
 
 def _release_and_next(mk: MultiKueuePlanes, ns: str, running: str, worker: str,
