@@ -192,22 +192,22 @@ def test_priority_boost_change_after_dispatch_is_not_forwarded(mk: MultiKueuePla
 WORKER_USERS = "wdrf-test:worker-users"
 
 
-def _install_admission_policy(worker: k8s.ApiClient, ns: str) -> None:
-    """manifests/admission as shipped, with MultiKueue's identity exempt (it mirrors the
-    manager, whose own policy already checked each annotation), and an editor Role in ``ns``
-    for people who have rights on this worker only."""
+def _install_admission_policy(api: k8s.ApiClient, ns: str, exempt: str = "") -> None:
+    """manifests/admission as shipped (with ``exempt`` in exemptUsers: on a worker, MultiKueue's
+    identity, which mirrors the manager whose own policy already checked each annotation), and
+    an editor Role in ``ns`` for people who have rights on this cluster only."""
     from tests.plane.test_manifests_plane import ssa
 
     for obj in kube.render_kustomize(REPO / "manifests" / "admission"):
         if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "wdrf-admission-params":
-            obj["data"]["exemptUsers"] = MK_USER
-        ssa(worker, obj)
-    ssa(worker, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            obj["data"]["exemptUsers"] = exempt
+        ssa(api, obj)
+    ssa(api, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
                  "metadata": {"name": "editor", "namespace": ns},
                  "rules": [{"apiGroups": ["batch", kube.KUEUE_GROUP],
                             "resources": ["jobs", "workloads"],
                             "verbs": ["get", "list", "create", "update", "patch"]}]})
-    ssa(worker, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+    ssa(api, {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                  "metadata": {"name": "editor", "namespace": ns},
                  "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                              "name": "editor"},
@@ -232,8 +232,11 @@ def test_controllers_on_the_workers_order_the_copies_by_the_managers_classes(
     ns = q.namespace
     m = mk.manager.api_client()
     workers = {w: p.api_client() for w, p in mk.workers.items()}
+    # Everywhere, as the deployment says: users submit to the manager under its policy (and
+    # its class stand-ins); the workers exempt MultiKueue's identity.
+    _install_admission_policy(m, ns)
     for api in workers.values():
-        _install_admission_policy(api, ns)
+        _install_admission_policy(api, ns, exempt=MK_USER)
     blockers = {_admitted_copy(mk, ns, n)[0]: n for n in (
         _submit(mk, q, f"blocker-{i}", run_seconds=600) for i in range(len(workers)))}
     assert set(blockers) == set(workers), blockers
@@ -248,6 +251,10 @@ def test_controllers_on_the_workers_order_the_copies_by_the_managers_classes(
         return len(first_uid) == len(wl) * len(workers)
 
     kube.wait_for(dispatched, 60, "every Job's copy on both workers")
+    # The manager's class stand-ins reached the copies (their spec is the manager's).
+    u1_copy = remote_copy(workers["worker-2"], ns, wl["u1"])
+    assert u1_copy is not None
+    assert u1_copy["spec"]["priorityClassRef"]["name"] == "wdrf-urgent", u1_copy["spec"]
 
     # Built as `python -m controller` builds them (main.make_transport and
     # make_manager_transport), each naming itself in its User-Agent.
