@@ -1,12 +1,21 @@
 """Benchmark compute_plan on a synthetic cluster (not a test).
 
     .venv/bin/python bench/plan_bench.py [--pending 10000] [--admitted 5000] [--teams 100]
-                                         [--queues 50] [--runs 7]
+                                         [--queues 50] [--cohorts 1] [--runs 7] [--incremental]
 
 Prints the median wall time of one full plan and peak memory: tracemalloc's peak of Python
 allocations during one plan, and the process's max RSS (snapshot + plan + interpreter).
 Goal: <= 250 ms and <= 200 MB for 10,000 pending + 5,000 admitted Workloads, 100 teams,
 50 ClusterQueues.
+
+With more ClusterQueues than teams, each team's namespace has a LocalQueue on every
+(teams)-th ClusterQueue and its Workloads are spread over them, so every ClusterQueue has work
+(Kueue's large-scale shape: `--teams 500 --queues 1000 --cohorts 10`).
+
+`--incremental` also times the live controller's planner (`controller.incremental`): its first
+plan, a steady cycle in which one Workload of one pool changed (a new object, as the informer
+cache gives after an update; a different pool each run), and a cycle in which nothing changed;
+and checks once that its plan equals compute_plan's.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -47,6 +57,8 @@ from controller.domain import (
     Workload,
     frozen_resources,
 )
+from controller.incremental import IncrementalPlanner
+from controller.plan import Plan
 from controller.policy import compute_plan
 
 NOW = datetime(2025, 11, 20, 12, 0, tzinfo=UTC)
@@ -69,10 +81,17 @@ def synthetic(
         for i in range(queues)
     )
     names = [f"team-{i:03d}" for i in range(teams)]
-    lqs = tuple(LocalQueue(ns, "default", cqs[i % queues].name) for i, ns in enumerate(names))
+    if queues <= teams:
+        lqs = tuple(LocalQueue(ns, "default", cqs[i % queues].name) for i, ns in enumerate(names))
+    else:  # every ClusterQueue used: namespace i has a LocalQueue on queues i, i + teams, ...
+        lqs = tuple(LocalQueue(names[i % teams], f"lq-{i}", cq.name) for i, cq in enumerate(cqs))
+    mine: dict[str, list[LocalQueue]] = {}
+    for lq in lqs:
+        mine.setdefault(lq.namespace, []).append(lq)
 
     def make(i: int, is_admitted: bool) -> Workload:
         ns = names[rnd.randrange(teams)]
+        lq = mine[ns][0] if len(mine[ns]) == 1 else rnd.choice(mine[ns])
         kind = rnd.random()
         res: dict[str, Decimal] = {CPU: Decimal(rnd.choice([1, 4, 8, 16])),
                                    MEMORY: Decimal(rnd.choice([8, 32, 128]) * 2**30)}
@@ -100,13 +119,13 @@ def synthetic(
             name=f"job-{i:05d}",
             uid=f"uid-{i:05d}",
             api_version=KueueApiVersion.V1BETA2,
-            queue_name="default",
+            queue_name=lq.name,
             created=NOW - timedelta(seconds=rnd.uniform(0, 10 * 86400)),
             pod_sets=(PodSet("main", count, (Container("c", frozen_resources(res)),)),),
             priority=0,
             quota_reserved=is_admitted,
             admitted=is_admitted,
-            admission=Admission(lqs[names.index(ns)].cluster_queue, usage) if is_admitted
+            admission=Admission(lq.cluster_queue, usage) if is_admitted
             else None,
             annotations=ann,
         )
@@ -127,6 +146,9 @@ def main() -> None:
                     help="ClusterQueues in this many cohorts (pools); with more than one, also "
                          "the plan of one pool alone: what a cycle in which one pool changed "
                          "would cost if only that pool were planned")
+    ap.add_argument("--incremental", action="store_true",
+                    help="also time the live controller's incremental planner: first plan, a "
+                         "cycle after one Workload changed, a cycle after nothing changed")
     args = ap.parse_args()
 
     snap = synthetic(args.pending, args.admitted, args.teams, args.queues,
@@ -157,6 +179,50 @@ def main() -> None:
           f"process max RSS {rss_kib / 1024:.1f} MiB")
     if args.cohorts > 1:
         one_pool(snap, settings, args.runs)
+    if args.incremental:
+        incremental(snap, settings, args.runs, plan)
+
+
+def incremental(snap: ClusterSnapshot, settings: Settings, runs: int, full: Plan) -> None:
+    """The live planner: cold, then steady cycles after one event each."""
+    planner = IncrementalPlanner()
+    t0, c0 = time.perf_counter(), time.process_time()
+    planner.plan(snap, settings, NOW)
+    cold = (time.perf_counter() - t0, time.process_time() - c0)
+    pools = planner.pools
+    # One pending Workload per run, each in a different pool where there are enough.
+    by_pool: dict[str, int] = {}
+    for d in full.decisions:
+        if not d.admitted and d.breakdown is not None:
+            by_pool.setdefault(d.breakdown.pool, int(d.uid.rpartition("-")[2]))
+    chosen = [by_pool[p] for p in sorted(by_pool)]
+    workloads = list(snap.workloads)
+    times, cpu, replanned = [], [], []
+    for run in range(runs):
+        i = chosen[run % len(chosen)]
+        w = workloads[i]
+        flip = {} if APPROVED_ANNOTATION in w.annotations else {APPROVED_ANNOTATION: "true"}
+        workloads[i] = replace(w, annotations=flip, resource_version=str(run))
+        snap = replace(snap, workloads=tuple(workloads))
+        t0, c0 = time.perf_counter(), time.process_time()
+        planner.plan(snap, settings, NOW)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        replanned.append(len(planner.replanned))
+    still, still_cpu = [], []
+    for _ in range(runs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        plan = planner.plan(snap, settings, NOW)
+        still.append(time.perf_counter() - t0)
+        still_cpu.append(time.process_time() - c0)
+    same = plan == compute_plan(snap, settings, NOW)
+    print(f"incremental: {pools} pools; first plan {cold[0] * 1000:.1f} ms "
+          f"(CPU {cold[1] * 1000:.1f} ms){'' if not planner.fallback else ' ' + planner.fallback}")
+    print(f"incremental, one Workload changed: median {statistics.median(times) * 1000:.1f} ms, "
+          f"CPU {statistics.median(cpu) * 1000:.1f} ms over {runs} runs "
+          f"(pools replanned per run: {sorted(set(replanned))})")
+    print(f"incremental, nothing changed: median {statistics.median(still) * 1000:.1f} ms, "
+          f"CPU {statistics.median(still_cpu) * 1000:.1f} ms; equal to compute_plan: {same}")
 
 
 def one_pool(snap: ClusterSnapshot, settings: Settings, runs: int) -> None:
