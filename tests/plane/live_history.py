@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,7 +107,7 @@ class History:
         self._changes: list[Change] = []
         self._rv = ""
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified at every change
         self._thread = threading.Thread(target=self._run, daemon=True, name="history")
         self.error = ""
 
@@ -124,6 +125,17 @@ class History:
             seen = {uid: int(o["metadata"]["resourceVersion"]) for uid, o in self._last.items()}
         return all(seen.get(w["metadata"]["uid"], 0) >= int(w["metadata"]["resourceVersion"])
                    for w in kube.request(self._api, "GET", self._path)["items"])
+
+    def wait_for(self, seen: Callable[[list[Change]], bool], timeout: float, what: str) -> None:
+        """Returns as soon as the changes seen so far satisfy `seen` (checked at each change)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while not seen(self._changes):
+                left = deadline - time.monotonic()
+                if left <= 0 or self.error:
+                    raise kube.WaitTimeout(f"timed out waiting for {what} "
+                                           f"({self.error or f'{len(self._changes)} changes'})")
+                self._lock.wait(min(left, 0.5))
 
     def stop(self) -> list[Change]:
         """Stops the watch; every change seen, in resourceVersion order."""
@@ -177,3 +189,4 @@ class History:
         with self._lock:
             self._changes.append(attribute(kind, self._last.get(uid), obj))
             self._last[uid] = obj
+            self._lock.notify_all()

@@ -96,6 +96,7 @@ def which(logs: dict[str, Path], identity: str) -> str:
 
 PAUSES = int(os.environ.get("WDRF_PAUSES", "1"))
 CONFLICT = frozenset({409, 422})  # a compare-and-swap refused
+BURST = 8  # Jobs created at once: the leader's write phase, paused after a random write of it
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class Round:
     conflicts: int  # ... and that it refused as a compare-and-swap (409, 422)
     changes: int  # changes of Workloads the objects' history gives to the two replicas
     inferred: int  # ... of them same-second writes, given to the latest-stamped replica
+    burst_old: int  # Workloads of the burst the paused leader had boosted
     late_requests: list[audit.Write]  # the old leader's, completed after the new one's first
     late_changes: list[history.Change]  # the old leader's, after the new one's first (by rv)
 
@@ -113,7 +115,8 @@ class Round:
 def test_paused_leader_never_writes_after_the_new_leader(
     api: k8s.ApiClient, kubeconfig: Path, namespace: str, tmp_path: Path, plane: Plane
 ) -> None:
-    """The leader is paused (SIGSTOP) at a random point of a write burst, WDRF_PAUSES times
+    """The leader is paused (SIGSTOP) at a random point of its write phase (right after its
+    k-th write of a burst, k random, as the Workloads' watch sees it), WDRF_PAUSES times
     (default 1; `make test-paused-leader` pauses 50 times beside a CPU hog). Two witnesses
     the controller cannot write: the audit log (no write of the paused leader that changed an
     object, 2xx, completed after the new leader's first write; requests of it that arrived
@@ -127,7 +130,7 @@ def test_paused_leader_never_writes_after_the_new_leader(
     try:
         for i in range(PAUSES):
             r = _one_pause(api, kubeconfig, namespace, tmp_path / f"r{i}", plane, i,
-                           rng.uniform(0.0, 1.5))
+                           rng.randint(1, BURST - 1))
             changed = [w for w in r.late_requests if 200 <= w.code < 300]
             assert changed == [], (
                 f"round {i}: writes of the paused leader that changed objects after the "
@@ -138,10 +141,14 @@ def test_paused_leader_never_writes_after_the_new_leader(
             rounds.append(r)
             print(f"pause {i}: hand-over {r.handover:.1f}s, {r.writes} writes, {r.conflicts} "
                   f"conflicts, {r.changes} changes in the history ({r.inferred} same-second), "
-                  f"{len(r.late_requests)} late request(s) refused", flush=True)
+                  f"burst boosted {r.burst_old} by the old leader, {BURST - r.burst_old} by the "
+                  f"new, {len(r.late_requests)} late request(s) refused", flush=True)
         handovers = [r.handover for r in rounds]
         print(f"{PAUSES} pauses: hand-over after SIGSTOP {min(handovers):.1f}-"
-              f"{max(handovers):.1f}s; {sum(r.writes for r in rounds)} Workload writes "
+              f"{max(handovers):.1f}s; {sum(0 < r.burst_old < BURST for r in rounds)} in the "
+              f"middle of the write phase (the old leader had boosted "
+              f"{min(r.burst_old for r in rounds)}-{max(r.burst_old for r in rounds)} of the "
+              f"{BURST} Workloads of the burst); {sum(r.writes for r in rounds)} Workload writes "
               f"accepted, {sum(r.conflicts for r in rounds)} refused as conflicts; "
               f"{sum(r.changes for r in rounds)} changes in the Workloads' history given to a "
               f"replica ({sum(r.inferred for r in rounds)} same-second); requests of a paused "
@@ -153,10 +160,12 @@ def test_paused_leader_never_writes_after_the_new_leader(
 
 
 def _one_pause(api: k8s.ApiClient, kubeconfig: Path, namespace: str, tmp: Path, plane: Plane,
-               round_: int, delay: float) -> Round:
+               round_: int, k: int) -> Round:
     tmp.mkdir(parents=True, exist_ok=True)
     lease = kube.unique_name("wdrf-pause")
-    env = replica_env(lease)
+    # 5 requests/s (the Lease is not limited): a write phase of seconds, as a large cluster's,
+    # so the pause lands inside it, with writes waiting behind the limiter.
+    env = replica_env(lease, CLIENT_QPS="5", CLIENT_BURST="1")
     logs = {r: tmp / f"replica-{r}.log" for r in ("a", "b")}
     watch = history.History(api, namespace).start()  # before any replica writes
     procs = {r: h.spawn_controller(kubeconfig, logs[r], **env) for r in ("a", "b")}
@@ -166,9 +175,12 @@ def _one_pause(api: k8s.ApiClient, kubeconfig: Path, namespace: str, tmp: Path, 
         follower = "b" if leader == "a" else "a"
         wl = new_job(api, namespace, f"first-{round_}")
         kube.wait_for(lambda: boosted(api, namespace, wl), 30, "the leader boosts")
-        # A burst of arrivals, so the leader is busy writing when it is paused.
-        burst = [new_job(api, namespace, f"burst-{round_}-{i}") for i in range(6)]
-        time.sleep(delay)  # a random point of the write phase
+        # A burst of arrivals; the leader is paused right after its k-th write of it.
+        for i in range(BURST):
+            h.create_job(api, namespace, f"burst-{round_}-{i}", "lq")
+        prefix, old = f"job-burst-{round_}-", audit.UA_PREFIX + first
+        watch.wait_for(lambda seen: sum(c.name.startswith(prefix) and old in c.writers
+                                        for c in seen) >= k, 60, f"the leader's write {k}")
         with_signal(procs[leader], signal.SIGSTOP)
         paused_at = time.monotonic()
         second = holder(api, lease, ("", first), timeout=30)
@@ -183,6 +195,7 @@ def _one_pause(api: k8s.ApiClient, kubeconfig: Path, namespace: str, tmp: Path, 
         assert procs[leader].wait(20) == 1, "the old leader exits on lost leadership"
         wl3 = new_job(api, namespace, f"third-{round_}")
         kube.wait_for(lambda: boosted(api, namespace, wl3), 30, "the new leader boosts again")
+        burst = [h.job_workload(api, namespace, f"burst-{round_}-{i}") for i in range(BURST)]
         kube.wait_for(lambda: all(boosted(api, namespace, w) for w in burst), 30, "burst boosted")
         kube.wait_for(watch.caught_up, 30, "the watch to see every Workload as it is now")
         changes = watch.stop()
@@ -205,7 +218,8 @@ def _one_pause(api: k8s.ApiClient, kubeconfig: Path, namespace: str, tmp: Path, 
         return Round(handover, sum(200 <= w.code < 300 for w in workloads),
                      sum(w.code in CONFLICT for w in workloads),
                      len(by[first]) + len(by[second]),
-                     sum(c.inferred for c in changes if c.replicas()), late,
+                     sum(c.inferred for c in changes if c.replicas()),
+                     len({c.name for c in by[first]} & set(burst)), late,
                      [c for c in by[first] if c.rv > new_first_rv])
     finally:
         watch.stop()
