@@ -102,23 +102,42 @@ def demand_capped_jain(
     return jain(xs)
 
 
+@dataclass(frozen=True, slots=True)
+class Load:
+    """One series window (an hour): per team, the mean allocation and pending demand (GPU
+    percent); busy when allocation + pending reaches the capacity."""
+
+    alloc: list[float]
+    pending: list[float]
+    demand: list[float]  # alloc + pending
+    busy: bool
+
+
+def windows(result: SimResult, period: Period) -> range:
+    """The series windows of the period."""
+    b = result.series.bin
+    return range(int(period.start // b), min(math.ceil(period.end / b), len(result.series.total)))
+
+
+def load(result: SimResult, w: int) -> Load:
+    series = result.series
+    alloc = [x / series.bin for x in series.alloc[w]]
+    pending = [x / series.bin for x in series.pending[w]]
+    demand = [alloc[i] + pending[i] for i in range(len(alloc))]
+    return Load(alloc, pending, demand, sum(demand) >= result.config.capacity * (1 - 1e-9))
+
+
 def busy_fairness(result: SimResult, period: Period,
                   weights: Sequence[float]) -> tuple[float, float, int]:
     """Over the period's series windows: the mean demand-capped Jain index of the busy ones
-    (demand >= capacity; NaN when none), the utilisation, and how many windows were busy."""
+    (NaN when none), the utilisation, and how many windows were busy."""
     series = result.series
-    cap = result.config.capacity
-    b = series.bin
-    w0 = int(period.start // b)
-    w1 = min(math.ceil(period.end / b), len(series.total))
-    span = (w1 - w0) * b
-    util = sum(series.total[w0:w1]) / (cap * span) if span > 0 else math.nan
-    jain_vals: list[float] = []
-    for w in range(w0, w1):
-        alloc = [x / b for x in series.alloc[w]]
-        dem = [alloc[i] + series.pending[w][i] / b for i in range(len(alloc))]
-        if sum(dem) >= cap * (1 - 1e-9):
-            jain_vals.append(demand_capped_jain(alloc, dem, weights))
+    span_windows = windows(result, period)
+    span = len(span_windows) * series.bin
+    util = (sum(series.total[span_windows.start:span_windows.stop])
+            / (result.config.capacity * span) if span > 0 else math.nan)
+    jain_vals = [demand_capped_jain(h.alloc, h.demand, weights)
+                 for h in (load(result, w) for w in span_windows) if h.busy]
     mean = sum(jain_vals) / len(jain_vals) if jain_vals else math.nan
     return mean, util, len(jain_vals)
 
@@ -173,23 +192,19 @@ def team_ratios(
     Entitlement = the team's weighted max-min fair share of the whole capacity given every
     team's demand (allocated + pending, demand-capped water-filling): what a perfectly weighted
     fair scheduler would give it in that hour."""
-    series = result.series
     cap = result.config.capacity
-    b = series.bin
     n = len(result.teams)
     got = [0.0] * n
     due = [0.0] * n
     errors: list[float] = []
     per_hour: list[tuple[float, ...]] = []
-    w0 = int(period.start // b)
-    w1 = min(math.ceil(period.end / b), len(series.total))
-    for w in range(len(series.total)):
-        alloc = [x / b for x in series.alloc[w]]
-        dem = [alloc[i] + series.pending[w][i] / b for i in range(n)]
-        busy = sum(dem) >= cap * (1 - 1e-9)
-        if not busy or not (w0 <= w < w1):
+    measured = windows(result, period)
+    for w in range(len(result.series.total)):
+        h = load(result, w)
+        if not h.busy or w not in measured:
             per_hour.append(tuple(math.nan for _ in range(n)))
             continue
+        alloc, dem = h.alloc, h.demand
         fair = water_fill(float(cap), dem, weights)
         row = []
         for i in range(n):
@@ -391,25 +406,20 @@ def backlogged_ratios(result: SimResult, period: Period, weights: Sequence[float
     GPU percent pending on average is backlogged; over its backlogged hours, got = its
     allocation less its carried-in GPUs, due = its entitlement less the same."""
     series = result.series
-    cap = result.config.capacity
-    b = series.bin
     n = len(result.teams)
     got = [0.0] * n
     due = [0.0] * n
     busy = 0
-    w0 = int(period.start // b)
-    w1 = min(math.ceil(period.end / b), len(series.total))
-    for w in range(w0, w1):
-        alloc = [x / b for x in series.alloc[w]]
-        pend = [x / b for x in series.pending[w]]
-        demand = [alloc[i] + pend[i] for i in range(n)]
-        if sum(demand) < cap * (1 - 1e-9):
-            continue  # not a busy hour
+    for w in windows(result, period):
+        h = load(result, w)
+        if not h.busy:
+            continue
         busy += 1
-        carried = [x / b for x in series.carried[w]]
-        fair = water_fill_floors(float(cap), demand, weights, carried)
+        alloc = h.alloc
+        carried = [x / series.bin for x in series.carried[w]]
+        fair = water_fill_floors(float(result.config.capacity), h.demand, weights, carried)
         for i in range(n):
-            if pend[i] >= backlog_min:
+            if h.pending[i] >= backlog_min:
                 got[i] += alloc[i] - carried[i]
                 due[i] += fair[i] - carried[i]
     return [got[i] / due[i] if busy and due[i] >= PCT * busy else math.nan for i in range(n)]
