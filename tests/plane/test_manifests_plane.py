@@ -426,7 +426,7 @@ def _can(api: k8s.ApiClient, verb: str, group: str, resource: str,
 
 
 def test_controller_identity_can_do_what_it_needs(controller_client: k8s.ApiClient) -> None:
-    from tests.unit.test_manifests import expected_cluster_rules, expected_namespace_rules
+    from tests.support.manifests import expected_cluster_rules, expected_namespace_rules
 
     for group, resource, verb in sorted(expected_cluster_rules()):
         assert _can(controller_client, verb, group, resource, "team-x"), (group, resource, verb)

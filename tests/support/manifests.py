@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from kubernetes import client as k8s
 
+from controller.config import Settings, with_overrides
 from tests.support import kube
 
 if TYPE_CHECKING:
@@ -113,3 +114,44 @@ def sa_kubeconfig(plane: Plane, token: str, path: Path) -> Path:
           "contexts": [{"name": "sa", "context": {"cluster": "plane", "user": SA}}]}
     path.write_text(yaml.safe_dump(kc), encoding="utf-8")
     return path
+
+
+# The controller's grants as controller/live/rbac.py derives them (what the manifests must hold).
+
+Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
+NamedRule = tuple[str, str, str, str | None]  # ... plus resourceName (None: any)
+
+
+def all_features() -> Settings:
+    """Settings under which the controller uses every permission it can: node inventory,
+    leader election and the usage-history ConfigMap all on."""
+    return with_overrides(Settings(), capacity_source="auto", leader_election=True,
+                          usage_half_life=3600.0)
+
+
+def expected_cluster_rules() -> frozenset[Rule]:
+    """Cluster-wide grants: controller/live/rbac.py's cluster-wide rows, plus
+    SelfSubjectAccessReview create for --health-check."""
+    from controller.live.rbac import permissions
+
+    rows = permissions(all_features())
+    out = {(p.group, p.resource, p.verb) for p in rows if p.namespace is None}
+    return frozenset(out | {("authorization.k8s.io", "selfsubjectaccessreviews", "create")})
+
+
+def expected_namespace_rules(history: bool = True) -> frozenset[NamedRule]:
+    """Grants in kueue-system (controller/live/rbac.py's namespaced rows), each narrowed to its
+    object (resourceNames) except "create". ``history``: with the usage-history ConfigMap
+    (USAGE_HALF_LIFE > 0, the component components/usage-history/)."""
+    from controller.live.rbac import permissions
+
+    settings = all_features() if history else with_overrides(
+        all_features(), usage_half_life=0.0)
+    out: set[NamedRule] = set()
+    for p in permissions(settings):
+        if p.namespace is None:
+            continue
+        assert p.namespace == NS, p
+        assert (p.name is None) == (p.verb == "create"), p
+        out.add((p.group, p.resource, p.verb, p.name))
+    return frozenset(out)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
-from controller.config import Settings, load_settings
 from controller.domain import (
     BASE_PRIORITY_ANNOTATION,
     HAMI_GPU_POLICY_ANNOTATION,
@@ -23,89 +22,23 @@ from controller.live.api import (
     EVENTS,
     JOBS,
     LEASES,
-    LOCAL_QUEUES,
     WORKLOADS,
 )
 from controller.live.runner import LiveController
 from controller.plan import PriorityMode
 from tests.support.fake import FakeApi
-
-NOW = datetime(2026, 1, 1, 1, 0, tzinfo=UTC)
-KUEUE_GROUP_DOC = {"kind": "APIGroup", "name": "kueue.x-k8s.io",
-                   "versions": [{"groupVersion": "kueue.x-k8s.io/v1beta2", "version": "v1beta2"},
-                                {"groupVersion": "kueue.x-k8s.io/v1beta1", "version": "v1beta1"}]}
-
-
-def settings(**env: str) -> Settings:
-    base = {"METRICS_PORT": "0", "LEADER_ELECTION": "false", "CAPACITY_SOURCE": "quota",
-            "PRIORITY_MODE": "boost"}
-    return load_settings(env={**base, **env})
-
-
-def cluster(api: FakeApi, gate: bool | None = None) -> None:
-    api.static["/apis/kueue.x-k8s.io"] = KUEUE_GROUP_DOC
-    if gate is not None:
-        api.put_object(CONFIG_MAPS.item("kueue-manager-config", "kueue-system"), {
-            "metadata": {"name": "kueue-manager-config"},
-            "data": {"controller_manager_config.yaml":
-                     f"apiVersion: config.kueue.x-k8s.io/v1beta1\nfeatureGates:\n"
-                     f"  PriorityBoost: {str(gate).lower()}\n"}})
-    api.put_object(CLUSTER_QUEUES.item("cq"), {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-        "metadata": {"name": "cq"},
-        "spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
-            {"name": "default", "resources": [{"name": "cpu", "nominalQuota": "4"}]}]}]}})
-    for team in ("team-a", "team-b"):
-        api.put_object(LOCAL_QUEUES.item("lq", team), {
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-            "metadata": {"name": "lq", "namespace": team}, "spec": {"clusterQueue": "cq"}})
-
-
-def workload(api: FakeApi, ns: str, name: str, minutes_ago: int = 10,
-             annotations: dict[str, str] | None = None, priority: int = 0,
-             owner: str | None = None, gpu: bool = False) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": name, "namespace": ns, "annotations": annotations or {},
-        "creationTimestamp": (NOW - timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-    if owner:
-        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": owner,
-                                    "uid": f"uid-{owner}", "controller": True}]
-    return api.put_object(WORKLOADS.item(name, ns), {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload", "metadata": meta,
-        "spec": {"queueName": "lq", "priority": priority, "podSets": [{
-            "name": "main", "count": 1, "template": {"spec": {"containers": [
-                {"name": "c", "resources": {"requests": {
-                    "cpu": "1", **({"nvidia.com/gpu": "1"} if gpu else {})}}}]}}}]}})
-
-
-def admitted_workload(api: FakeApi, ns: str, name: str, cpu: str) -> None:
-    """A Workload Kueue admitted on ClusterQueue `cq`, using `cpu` cores."""
-    wl = workload(api, ns, name)
-    wl["status"] = {
-        "conditions": [{"type": "QuotaReserved", "status": "True"}],
-        "admission": {"clusterQueue": "cq", "podSetAssignments": [
-            {"name": "main", "count": 1, "resourceUsage": {"cpu": cpu}, "flavors": {}}]}}
-    api.put_object(WORKLOADS.item(name, ns), wl)
-
-
-def controller(api: FakeApi, s: Settings, **kw: Any) -> LiveController:
-    c = LiveController(s, api, identity=kw.pop("identity", "me"), **kw)
-    c.discover()
-    c.build_informers()
-    c.sync_once()
-    return c
-
-
-def resync(c: LiveController) -> None:
-    for inf in c.informers.values():
-        inf.relist()
-
-
-def stored(api: FakeApi, ns: str, name: str) -> dict[str, Any]:
-    obj = api.get_object(WORKLOADS.item(name, ns))
-    assert obj is not None
-    return obj
+from tests.support.fake_cluster import (
+    KUEUE_GROUP_DOC,
+    NOW,
+    admitted_workload,
+    cluster,
+    controller,
+    owner_job,
+    resync,
+    stored,
+    workload,
+)
+from tests.support.fake_cluster import live_settings as settings
 
 
 def test_boost_mode_writes_boosts_then_steady_cycle_writes_nothing() -> None:
@@ -231,11 +164,7 @@ def test_invalid_annotation_gives_an_event_and_others_proceed() -> None:
 def test_priority_change_event_on_workload_and_owner_job() -> None:
     api = FakeApi()
     cluster(api)
-    api.put_object(JOBS.item("train", "team-a"), {
-        "metadata": {"name": "train", "namespace": "team-a", "uid": "uid-train",
-                     "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
-        "spec": {"suspend": True, "template": {"spec": {"containers": [
-            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    owner_job(api)
     workload(api, "team-a", "job-train-abcde", owner="train",
              annotations={URGENT_ANNOTATION: "true"})
     c = controller(api, settings())
@@ -292,11 +221,7 @@ def test_class_change_gives_one_event_per_object_per_interval() -> None:
 def test_hami_annotations_go_on_the_suspended_owner_job() -> None:
     api = FakeApi()
     cluster(api)
-    api.put_object(JOBS.item("train", "team-a"), {
-        "metadata": {"name": "train", "namespace": "team-a", "uid": "uid-train",
-                     "labels": {"kueue.x-k8s.io/queue-name": "lq"}},
-        "spec": {"suspend": True, "template": {"spec": {"containers": [
-            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    owner_job(api)
     workload(api, "team-a", "job-train-abcde", owner="train", gpu=True)
     c = controller(api, settings(HAMI_DEFAULT_GPU_POLICY="spread"))
     c.run_cycle(NOW)
@@ -410,12 +335,7 @@ def test_gpu_fraction_is_not_written_when_the_queue_would_then_block_the_workloa
 
     api = FakeApi()
     cluster(api)  # the ClusterQueue covers cpu only; Kueue's default is BlockUndeclared
-    api.put_object(JOBS.item("train", "team-a"), {
-        "metadata": {"name": "train", "namespace": "team-a", "uid": "uid-train",
-                     "labels": {"kueue.x-k8s.io/queue-name": "lq"},
-                     "annotations": {GPU_FRACTION_ANNOTATION: "0.5"}},
-        "spec": {"suspend": True, "template": {"spec": {"containers": [
-            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+    owner_job(api, annotations={GPU_FRACTION_ANNOTATION: "0.5"})
     workload(api, "team-a", "job-train-abcde", owner="train", gpu=True)
     c = controller(api, settings())
     report = c.run_cycle(NOW)

@@ -18,7 +18,14 @@ import yaml
 from controller.config import Settings, load_settings, with_overrides
 from controller.domain import CLASS_PRIORITY_CLASSES, OWNER_KINDS, PriorityClass
 from tests.support.kube import render_kustomize
-from tests.support.manifests import with_history_component
+from tests.support.manifests import (
+    NamedRule,
+    Rule,
+    all_features,
+    expected_cluster_rules,
+    expected_namespace_rules,
+    with_history_component,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -29,45 +36,6 @@ NAMESPACE = "kueue-system"
 SA_USER = "system:serviceaccount:kueue-system:wdrf-controller"
 
 Obj = dict[str, Any]
-
-Rule = tuple[str, str, str]  # (apiGroup, resource, verb)
-NamedRule = tuple[str, str, str, str | None]  # ... plus resourceName (None: any)
-
-
-def _all_features() -> Settings:
-    """Settings under which the controller uses every permission it can: node inventory,
-    leader election and the usage-history ConfigMap all on."""
-    return with_overrides(Settings(), capacity_source="auto", leader_election=True,
-                          usage_half_life=3600.0)
-
-
-def expected_cluster_rules() -> frozenset[Rule]:
-    """Cluster-wide grants: controller/live/rbac.py's cluster-wide rows, plus
-    SelfSubjectAccessReview create for --health-check."""
-    from controller.live.rbac import permissions
-
-    rows = permissions(_all_features())
-    out = {(p.group, p.resource, p.verb) for p in rows if p.namespace is None}
-    return frozenset(out | {("authorization.k8s.io", "selfsubjectaccessreviews", "create")})
-
-
-def expected_namespace_rules(history: bool = True) -> frozenset[NamedRule]:
-    """Grants in kueue-system (controller/live/rbac.py's namespaced rows), each narrowed to its
-    object (resourceNames) except "create". ``history``: with the usage-history ConfigMap
-    (USAGE_HALF_LIFE > 0, the component components/usage-history/)."""
-    from controller.live.rbac import permissions
-
-    settings = _all_features() if history else with_overrides(
-        _all_features(), usage_half_life=0.0)
-    out: set[NamedRule] = set()
-    for p in permissions(settings):
-        if p.namespace is None:
-            continue
-        assert p.namespace == NAMESPACE, p
-        assert (p.name is None) == (p.verb == "create"), p
-        out.add((p.group, p.resource, p.verb, p.name))
-    return frozenset(out)
-
 
 def load_yaml_dir(path: Path) -> list[tuple[str, Obj]]:
     docs: list[tuple[str, Obj]] = []
@@ -776,9 +744,9 @@ def test_secure_metrics_rbac_is_exactly_what_the_controller_then_uses() -> None:
     (controller/live/rbac.py); overlays/secure-metrics grants exactly those."""
     from controller.live.rbac import permissions
 
-    plain = {(p.group, p.resource, p.verb) for p in permissions(_all_features())}
+    plain = {(p.group, p.resource, p.verb) for p in permissions(all_features())}
     secure = {(p.group, p.resource, p.verb) for p in permissions(with_overrides(
-        _all_features(), metrics_cert_file="/tls/tls.crt", metrics_key_file="/tls/tls.key"))}
+        all_features(), metrics_cert_file="/tls/tls.crt", metrics_key_file="/tls/tls.key"))}
     docs = yaml.safe_load_all((MANIFESTS / "overlays" / "secure-metrics" / "rbac.yaml")
                               .read_text(encoding="utf-8"))
     granted = {(g, r, v) for d in docs if d and d["kind"] == "ClusterRole"

@@ -194,8 +194,7 @@ def test_skipped_metric_per_cluster_queue() -> None:
 
 def test_live_spec_mode_writes_nothing_to_a_multikueue_cluster_queue() -> None:
     from controller.live.api import CLUSTER_QUEUES
-    from tests.unit.test_live_runner import cluster, controller, stored, workload
-    from tests.unit.test_live_runner import settings as live_settings
+    from tests.support.fake_cluster import cluster, controller, live_settings, stored, workload
 
     api = FakeApi()
     cluster(api)
