@@ -196,7 +196,7 @@ def _install_admission_policy(api: k8s.ApiClient, ns: str, exempt: str = "") -> 
     """manifests/admission as shipped (with ``exempt`` in exemptUsers: on a worker, MultiKueue's
     identity, which mirrors the manager whose own policy already checked each annotation), and
     an editor Role in ``ns`` for people who have rights on this cluster only."""
-    from tests.plane.test_manifests_plane import ssa
+    from tests.support.manifests import ssa
 
     for obj in kube.render_kustomize(REPO / "manifests" / "admission"):
         if obj["kind"] == "ConfigMap" and obj["metadata"]["name"] == "wdrf-admission-params":

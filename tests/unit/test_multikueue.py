@@ -305,8 +305,14 @@ def test_no_copies_no_change() -> None:
 
 def test_live_worker_orders_copies_by_the_managers_classes_and_never_writes_the_manager() -> None:
     from controller.live.api import JOBS
-    from tests.unit.test_live_runner import cluster, controller, resync, stored, workload
-    from tests.unit.test_live_runner import settings as live_settings
+    from tests.support.fake_cluster import (
+        cluster,
+        controller,
+        live_settings,
+        resync,
+        stored,
+        workload,
+    )
 
     worker, manager = FakeApi(), FakeApi()
     cluster(worker)
