@@ -73,6 +73,38 @@ def test_steady_cycle_reparses_nothing() -> None:
     assert c.builder.parse_count == parsed
 
 
+def test_a_cycle_replans_only_the_pools_whose_inputs_changed() -> None:
+    api = FakeApi()
+    cluster(api)
+    api.put_object(CLUSTER_QUEUES.item("other"), {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": "other"},
+        "spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": "default", "resources": [{"name": "cpu", "nominalQuota": "2"}]}]}]}})
+    api.put_object(LOCAL_QUEUES.item("lq", "team-c"), {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+        "metadata": {"name": "lq", "namespace": "team-c"}, "spec": {"clusterQueue": "other"}})
+    workload(api, "team-a", "a1")
+    c1 = workload(api, "team-c", "c1")
+    c = controller(api, settings())
+    c.run_cycle(NOW)
+    resync(c)
+    c.run_cycle(NOW)  # reads its own writes back: both pools changed
+    resync(c)
+    steady = c.run_cycle(NOW + timedelta(minutes=5))
+    assert steady.changes == [] and c.planner.replanned == () and c.planner.pools == 2
+    c1 = stored(api, "team-c", "c1")
+    c1["metadata"]["annotations"][URGENT_ANNOTATION] = "true"
+    api.put_object(WORKLOADS.item("c1", "team-c"), c1)
+    resync(c)
+    report = c.run_cycle(NOW + timedelta(minutes=6))
+    assert c.planner.replanned == ("cq/other",)
+    assert [ch.decision.key for ch in report.changes] == ["team-c/c1"]
+    sample = c.metrics.registry.get_sample_value
+    assert sample("wdrf_plan_pools_total", {"planned": "reused"}) == 2 + 1
+    assert sample("wdrf_plan_pools_total", {"planned": "replanned"}) == 2 + 2 + 1
+
+
 def test_workload_info_is_built_once_per_resource_version() -> None:
     """The snapshot builder keeps each Workload's observed object and parsed value until its
     resourceVersion changes; the diff computes writes against that very object."""
