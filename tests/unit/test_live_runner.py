@@ -22,6 +22,7 @@ from controller.live.api import (
     EVENTS,
     JOBS,
     LEASES,
+    LOCAL_QUEUES,
     WORKLOADS,
 )
 from controller.live.runner import LiveController
