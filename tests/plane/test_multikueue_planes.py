@@ -186,6 +186,39 @@ def test_priority_boost_change_after_dispatch_is_not_forwarded(mk: MultiKueuePla
     assert manager_wl["metadata"]["annotations"][kube.PRIORITY_BOOST] == "5000"
 
 
+def test_spec_mode_on_the_manager_leaves_a_dispatched_copy_alone(mk: MultiKueuePlanes) -> None:
+    """The controller in spec mode on the manager, where preemption can reach a dispatched
+    normal Workload (no WorkloadPriorityClass, running on a worker) and an approved one waits
+    for the manager's quota: the plan wants the running one's class guard in spec.priority
+    (the write the first test shows MultiKueue turns into a deletion); the MultiKueue rule
+    leaves it unchanged, and the worker's copy lives on."""
+    q = mk.add_queues({"cpu": 1}, {"cpu": 4},
+                      cq_spec={"preemption": {"withinClusterQueue": "LowerPriority"}})
+    ns = q.namespace
+    running = _submit(mk, q, "normal", run_seconds=600)
+    w, copy0 = _admitted_copy(mk, ns, running)
+    _running_job(mk.workers[w].api_client(), ns, "normal")
+    waiting = _submit(mk, q, "approved", run_seconds=600, annotations={APPROVED: "true"})
+    since = datetime.now(UTC).replace(microsecond=0)
+    settings = h.live_settings(PRIORITY_MODE="spec", KUBECONFIG_PATH=str(mk.manager.kubeconfig))
+    c = LiveController(settings, make_transport(settings, "manager-spec"), identity="manager-spec")
+    with h.started(c):
+        report = h.converge(c)
+    written = [x for x in audit.controller_writes(mk.manager.audit_events(audit.UA_PREFIX))
+               if x.resource == "workloads" and x.namespace == ns]
+    assert not written, written
+    assert not _deletes_by_multikueue(mk, w, "workloads", ns, running, since)
+    copy1 = remote_copy(mk.workers[w].api_client(), ns, running)
+    assert copy1 is not None and copy1["metadata"]["uid"] == copy0["metadata"]["uid"]
+    assert kube.has_condition(copy1, "Admitted")
+    by = {d.key: d for d in report.plan.decisions}
+    assert {f"{ns}/{running}", f"{ns}/{waiting}"} <= set(by), list(by)
+    for d in (by[f"{ns}/{running}"], by[f"{ns}/{waiting}"]):
+        # what the plan wanted differs from what is there: only the rule kept it from writing
+        assert d.target_priority != (d.current_priority or 0), d
+        assert d.leave_unchanged and "MultiKueue" in d.problems[-1].message, d
+
+
 # -- the deployment: a controller per worker, classes from the manager ----------------------------
 
 
@@ -320,9 +353,12 @@ def test_controllers_on_the_workers_order_the_copies_by_the_managers_classes(
         kube.wait_for(reordered, 60, "n2 above a1 on both workers")
         for w in workers:  # written by the cycle running at the change or the next one
             assert seen_at[w] - cycles_before[w] <= 2, (w, cycles_before, seen_at)
+        seen: list[dict[str, str]] = []  # the queue on worker-1 before each release
         for _ in range(3):  # then n2 (urgent now), a1 (approved), n1 (normal)
+            seen.append({j: kube.describe_workload(c) for j in wl
+                         if (c := remote_copy(workers[w1], ns, wl[j])) is not None})
             order.append(_release_and_next(mk, ns, wl[order[-1]], w1, wl))
-        assert order == ["u1", "n2", "a1", "n1"], order
+        assert order == ["u1", "n2", "a1", "n1"], (order, seen)
 
     # The copies Kueue admitted on worker-1 are those MultiKueue created at dispatch (nothing
     # the controllers wrote made MultiKueue recreate one); the controllers only patched
@@ -333,7 +369,7 @@ def test_controllers_on_the_workers_order_the_copies_by_the_managers_classes(
     audit_w1 = audit.controller_writes(mk.workers[w1].audit_events(audit.UA_PREFIX))
     assert {x.verb for x in audit_w1 if x.resource == "workloads"} == {"patch"}, audit_w1
     on_manager = mk.manager.audit_events(audit.UA_PREFIX)
-    assert not audit.controller_writes(on_manager)
+    assert not [x for x in audit.controller_writes(on_manager) if x.identity in workers]
     assert all(audit.watches(on_manager, w) for w in workers)  # they did read the manager
 
 
