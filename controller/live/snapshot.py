@@ -92,11 +92,6 @@ class Built:
     # key -> the observed Workload (finished ones left out, as from the snapshot)
     infos: dict[str, WorkloadInfo] = field(default_factory=dict)
 
-    @property
-    def workloads(self) -> dict[str, Workload]:
-        """key -> the parsed Workload."""
-        return {k: i.workload for k, i in self.infos.items()}
-
 
 def _info_parser(parse: Parser[Workload]) -> Parser[WorkloadInfo]:
     """Parses a Workload into its `WorkloadInfo` (so the cache keeps both per resourceVersion)."""
