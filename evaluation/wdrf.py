@@ -5,8 +5,12 @@ Every evaluated controller cycle (one `LOOP_INTERVAL` tick after anything change
 `KueueSim._next_tick`) builds a `ClusterSnapshot` of the Kueue model: its ClusterQueues (with the
 model's preemption settings, cohort and Fair Sharing weight), one LocalQueue per team, every
 pending Workload (with `last_eviction` after an eviction) and every admitted one (with
-`status.admission` on its ClusterQueue). The plan's decisions, pending *and* admitted, are then
-written back onto the simulated Workloads by the live controller's own patch
+`status.admission` on its ClusterQueue). New Workloads carry their class stand-in, as the
+recommended setup gives them at creation (manifests/admission/class-priority.yaml: the class's
+WorkloadPriorityClass, whose value Kueue copies into `spec.priority`), so Kueue orders and
+preempts by it before the controller's first cycle writes anything (urgent work at once, not
+up to a `LOOP_INTERVAL` later). The plan's decisions, pending *and* admitted, are then written
+back onto the simulated Workloads by the live controller's own patch
 (`controller.workload.priority_patch` in boost mode: the `kueue.x-k8s.io/priority-boost`
 annotation, with `wdrf.x-k8s.io/priority-terms` when the priority is written or what people act
 on changed), and Kueue's model orders and preempts by the written effective priority. An
@@ -27,6 +31,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from types import MappingProxyType
+from typing import TypedDict
 
 from controller.config import Settings
 from controller.domain import (
@@ -60,16 +65,27 @@ COHORT_NAME = "all-teams"
 FLAVOR = "default-flavor"
 
 
+class _StandIn(TypedDict):
+    priority: int | None
+    priority_class_name: str | None
+    workload_priority_class: bool
+
+
 class WdrfKueue(Policy):
     """The controller's `compute_plan` every cycle on the Kueue model's whole cluster."""
 
     controller = True
 
     def __init__(self, settings: Settings, epoch: datetime, name: str = "WDRF",
-                 aggregate_admitted: bool = True, apply_hami: bool = False) -> None:
+                 aggregate_admitted: bool = True, apply_hami: bool = False,
+                 stand_ins: bool = True) -> None:
         super().__init__()
         self.settings = settings
         self.guards = {c: settings.guard(c) for c in PriorityClass}
+        # The class stand-in a new Workload carries (`stand_ins=False`: none, spec.priority
+        # absent until the controller's first cycle).
+        self.stand_ins = {c: settings.stand_in_value(c) for c in PriorityClass} if stand_ins \
+            else None
         # Exposures (reclaim, team-scoped approval) pick single admitted Workloads by how long
         # they ran: a summary of several cannot stand for them, so the plan sees each one.
         self.exposes = settings.reclaim_enabled or settings.team_scoped_approval()
@@ -155,7 +171,16 @@ class WdrfKueue(Policy):
             created=self.epoch + timedelta(seconds=job.submit),
             pod_sets=(PodSet("main", job.pods, (Container("main", frozen_resources(res)),)),),
             annotations=MappingProxyType(ann),
+            **self._stand_in(job.cls),
         )
+
+    def _stand_in(self, cls: PriorityClass) -> _StandIn:
+        """spec.priority and the WorkloadPriorityClass Kueue gives a Workload of `cls`."""
+        if self.stand_ins is None:
+            return _StandIn(priority=None, priority_class_name=None,
+                            workload_priority_class=False)
+        return _StandIn(priority=self.stand_ins[cls], priority_class_name=f"wdrf-{cls.value}",
+                        workload_priority_class=True)
 
     def priority(self, job: SimJob) -> int:
         return self.prio.get(job.job_id, 0)
@@ -164,7 +189,9 @@ class WdrfKueue(Policy):
         return self.hami.get(job.job_id) or super().packing(job)
 
     def on_arrival(self, job: SimJob, now: float) -> None:
-        self.wl[job.job_id] = self._new_workload(job)
+        w = self.wl[job.job_id] = self._new_workload(job)
+        if w.priority:
+            self.prio[job.job_id] = w.priority  # Kueue orders by the stand-in at once
         self.dirty = True
 
     def on_admit(self, job: SimJob, now: float) -> None:
@@ -217,7 +244,9 @@ class WdrfKueue(Policy):
         if cached is not None and cached[0] == used:
             return cached[1]
         res = {GPU: Decimal(used), GPUCORES: Decimal(1), GPUMEM_PERCENTAGE: Decimal(1)}
-        ann = {KUEUE_PRIORITY_BOOST_ANNOTATION: str(self.guards[cls])}
+        stand_in = self._stand_in(cls)  # as its members: the same base, boost and guard
+        ann = {KUEUE_PRIORITY_BOOST_ANNOTATION: str(
+            self.guards[cls] - (stand_in["priority"] or 0))}
         if cls is PriorityClass.URGENT:
             ann[URGENT_ANNOTATION] = "true"
         elif cls is PriorityClass.APPROVED:
@@ -231,6 +260,7 @@ class WdrfKueue(Policy):
             admission=Admission(cq, frozen_resources({GPU: Decimal(used)}),
                                 MappingProxyType({GPU: FLAVOR})),
             annotations=MappingProxyType(ann),
+            **stand_in,
         )
         self.agg_cache[key] = (used, w)
         return w
@@ -329,7 +359,10 @@ class WdrfKueue(Policy):
 
 
 def _wire(w: Workload) -> dict[str, object]:
-    """What the live controller's patch reads of a simulated Workload: its identity and its
-    annotations (the model's Workloads have no spec.priority: no WorkloadPriorityClass)."""
-    return {"metadata": {"namespace": w.namespace, "name": w.name, "uid": w.uid,
-                         "annotations": dict(w.annotations)}}
+    """What the live controller's patch reads of a simulated Workload: its identity, its
+    annotations and spec.priority (its class stand-in's value, when it has one)."""
+    out: dict[str, object] = {"metadata": {"namespace": w.namespace, "name": w.name,
+                                           "uid": w.uid, "annotations": dict(w.annotations)}}
+    if w.priority is not None:
+        out["spec"] = {"priority": w.priority}
+    return out

@@ -144,3 +144,37 @@ def test_reclaim_in_one_shared_cluster_queue_through_kueues_preemption(aggregate
     assert not {(e.job_id, e.by) for e in pre} & {(e.by, e.job_id) for e in r.evictions}
     off = KueueSim(js, cfg, k, WdrfKueue(Settings(), epoch)).run()
     assert off.evictions == [] and off.admit[8] == 1e5
+
+
+@pytest.mark.parametrize("stand_ins", [True, False])
+def test_urgent_work_preempts_at_creation_with_its_class_stand_in(stand_ins: bool) -> None:
+    """The recommended setup gives a new urgent Workload its class stand-in (spec.priority, the
+    urgent band's floor) at creation: Kueue preempts for it at once. Without the stand-in it
+    waits for the controller's next cycle (ticks every LOOP_INTERVAL from 0)."""
+    epoch = tr.generate_trace(4, 1).epoch
+    settings = Settings()
+    seen: list[tuple[int, int | None, str | None, int]] = []
+
+    class Spy(WdrfKueue):
+        def on_admit(self, job: tr.SimJob, now: float) -> None:
+            super().on_admit(job, now)
+            w = self.wl[job.job_id]
+            seen.append((job.job_id, w.priority, w.priority_class_name, self.priority(job)))
+            # Kueue's value is spec.priority plus the controller's boost, as written.
+            assert self.priority(job) == wdrf_module.effective_priority(wdrf_module._wire(w))
+
+    js = [tr.SimJob(0, 0.0, 1000.0, "a", PriorityClass.NORMAL, 1, 8, 100),
+          tr.SimJob(1, 103.0, 100.0, "b", PriorityClass.URGENT, 1, 8, 100)]
+    k = KueueConfig(within_cluster_queue="LowerPriority")
+    r = KueueSim(js, SimConfig(nodes=1, check_invariants=True), k,
+                 Spy(settings, epoch, stand_ins=stand_ins)).run()
+    preempted_at = 103.0 if stand_ins else 110.0
+    assert [(e.time, e.job_id, e.by) for e in r.evictions] == [(preempted_at, 0, 1)]
+    assert r.admit[1] == preempted_at
+    urgent = settings.stand_in_value(PriorityClass.URGENT)
+    assert urgent > settings.guard(PriorityClass.APPROVED)
+    if stand_ins:  # admitted on its stand-in, before any write
+        assert seen[:2] == [(0, 0, "wdrf-normal", 0), (1, urgent, "wdrf-urgent", urgent)]
+    else:  # admitted on the controller's first write
+        assert seen[0] == (0, None, None, 0)
+        assert seen[1][:3] == (1, None, None) and seen[1][3] >= urgent
