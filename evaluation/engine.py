@@ -134,3 +134,5 @@ class SimResult:
     lost: float = 0.0  # GPU-percent-seconds of work lost to preemption
     quota_admissions: list[int] = field(default_factory=list)  # per job: quota reservations
     job_writes: list[int] = field(default_factory=list)  # per job: priority writes
+    # per job: Kueue's first quota reservation (NaN: never); its pods may start later
+    first_quota: list[float] = field(default_factory=list)

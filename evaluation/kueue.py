@@ -868,6 +868,7 @@ class KueueSim:
             evictions=list(self.evictions),
             lost=self.lost,
             quota_admissions=list(self.admissions),
+            first_quota=list(self.first_quota),
             job_writes=list(self.policy.job_writes),
         )
 

@@ -1,7 +1,8 @@
 """The evaluation's metrics (docs/evaluation.md, "Method"), computed from a `SimResult`.
 
-- Queueing delay (submission -> admission) per class: p50 / p95 / p99 / max.
-- Urgent time-to-admission: the urgent class's queueing delay.
+- Queueing delay (submission -> pods running) per class: p50 / p95 / p99 / max.
+- Urgent time to start: the urgent class's queueing delay; beside it, urgent time to quota
+  admission (submission -> Kueue's first quota reservation), the part priorities decide.
 - Starvation bound: the normal class's maximum delay, against the aging cap.
 - Jain's index over teams with demand, per time window (`SimConfig.series_bin`), demand-capped:
   x_i = a_i / f_i, where a_i is team i's mean allocation in the window and f_i its weighted
@@ -253,6 +254,13 @@ def run_metrics(
         out[f"{c.value}_p99"] = q.p99
         out[f"{c.value}_max"] = q.max
         out[f"{c.value}_mean"] = q.mean
+    # Urgent time to quota admission (Kueue reserved its quota), beside time to start: what
+    # priorities decide, without the wait for free GPUs after the reservation.
+    if result.first_quota:
+        q = quantiles(result.first_quota[j.job_id] - j.submit for j in jobs
+                      if j.cls is PriorityClass.URGENT
+                      and not math.isnan(result.first_quota[j.job_id]))
+        out["urgent_quota_p99"], out["urgent_quota_max"] = q.p99, q.max
     for name, v in buckets.items():
         q = quantiles(v)
         out[f"normal_{name}_p99"] = q.p99

@@ -95,6 +95,28 @@ def test_run_metrics_waits_slowdown_preemption_and_loss() -> None:
     assert m["same_class_preemptions"] == 0.0
 
 
+def test_urgent_time_to_quota_admission_beside_time_to_start() -> None:
+    """Kueue reserves quota for an urgent job at once, but its pod waits for a whole free GPU:
+    HAMi fractions on every card leave enough quota and no whole card."""
+    from controller.domain import PriorityClass
+    from evaluation.engine import SimConfig
+    from evaluation.kueue import KueueConfig, KueueSim
+    from evaluation.metrics import run_metrics
+    from evaluation.policies import StaticClasses
+    from evaluation.trace import Period, SimJob
+
+    n, u = PriorityClass.NORMAL, PriorityClass.URGENT
+    # eight half-GPU jobs, spread one per card (HAMi's GPU spread), for 200 s
+    jobs = [SimJob(i, 0.0, 200.0, "a", n, 1, 1, 50) for i in range(8)]
+    jobs.append(SimJob(8, 10.0, 60.0, "b", u, 1, 1, 100))
+    k = KueueConfig(within_cluster_queue="LowerPriority")
+    r = KueueSim(jobs, SimConfig(nodes=1, check_invariants=True), k, StaticClasses()).run()
+    m = run_metrics(r, Period(0.0, 3600.0), [1.0, 1.0], 10.0)
+    assert r.first_quota[8] == 10.0 and r.admit[8] == 200.0
+    assert m["urgent_quota_p99"] == m["urgent_quota_max"] == 0.0
+    assert m["urgent_p99"] == 190.0
+
+
 def test_team_ratios_against_weighted_entitlement() -> None:
     from evaluation.metrics import team_ratios
     from evaluation.trace import Period
