@@ -65,19 +65,29 @@ def is_remote_copy(workload: Workload) -> bool:
 CLASS_INPUTS = (URGENT_ANNOTATION, APPROVED_ANNOTATION, PRIORITY_OVERRIDE_ANNOTATION)
 
 
+@dataclass(frozen=True, slots=True)
+class FromManager:
+    snapshot: ClusterSnapshot
+    # copies whose manager Workload (or its batch/v1 Job) is not known: their class is unknown
+    unknown: frozenset[str] = frozenset()
+
+
 def classes_from_manager(
     snapshot: ClusterSnapshot,
     manager_workload: Callable[[str], Workload | None],
     manager_job: Callable[[str, str], JobInfo | None],
-) -> ClusterSnapshot:
+) -> FromManager:
     """A worker's snapshot in which every MultiKueue copy carries the class inputs of its
     manager Workload (looked up by "namespace/name") and has that Workload's batch/v1 Job
     (looked up by namespace, name) as its owner; the copy's own class annotations and its
-    worker-side Job count for nothing. A copy whose manager Workload or Job is unknown keeps
-    only what the one found says (neither: the normal class). Other Workloads are unchanged."""
+    worker-side Job count for nothing. A copy whose manager Workload, or that Workload's Job,
+    is not found is named in `unknown` (`hold_unknown` leaves it unchanged: planning it as
+    normal could demote an urgent one while the manager cannot be read). Other Workloads are
+    unchanged."""
     if not any(is_remote_copy(w) for w in snapshot.workloads):
-        return snapshot
+        return FromManager(snapshot)
     workloads: list[Workload] = []
+    unknown: set[str] = set()
     replaced_jobs: set[tuple[str, str]] = set()
     manager_jobs: dict[tuple[str, str], JobInfo] = {}
     for w in snapshot.workloads:
@@ -89,19 +99,41 @@ def classes_from_manager(
         origin = manager_workload(w.key)
         ann = {k: v for k, v in w.annotations.items() if k not in CLASS_INPUTS}
         owner: ObjectRef | None = None
-        if origin is not None:
+        if origin is None:
+            unknown.add(w.key)
+        else:
             ann.update({k: origin.annotations[k] for k in CLASS_INPUTS
                         if k in origin.annotations})
             if origin.owner is not None and origin.owner.is_batch_job:
                 job = manager_job(origin.namespace, origin.owner.name)
-                if job is not None:
+                if job is None:
+                    unknown.add(w.key)
+                else:
                     owner = origin.owner
                     manager_jobs[(job.namespace, job.name)] = job
         workloads.append(dataclasses.replace(w, annotations=MappingProxyType(ann), owner=owner))
     jobs = [j for j in snapshot.jobs if (j.namespace, j.name) not in replaced_jobs
             and (j.namespace, j.name) not in manager_jobs]
-    return dataclasses.replace(snapshot, workloads=tuple(workloads),
-                               jobs=(*jobs, *manager_jobs.values()))
+    return FromManager(dataclasses.replace(snapshot, workloads=tuple(workloads),
+                                           jobs=(*jobs, *manager_jobs.values())),
+                       frozenset(unknown))
+
+
+def hold_unknown(plan: Plan, unknown: frozenset[str]) -> Plan:
+    """The plan with every copy whose class is unknown left unchanged, with a problem."""
+    if not unknown:
+        return plan
+    decisions = []
+    for d in plan.decisions:
+        if d.key in unknown and not d.leave_unchanged:
+            namespace, _, name = d.key.partition("/")
+            problem = InputProblem(ObjectRef("Workload", name, namespace, d.uid),
+                                   f"metadata.labels[{MULTIKUEUE_ORIGIN_LABEL}]", d.key,
+                                   "a MultiKueue copy whose manager Workload or Job is not "
+                                   "known (yet): its class is unknown; left unchanged")
+            d = dataclasses.replace(d, leave_unchanged=True, problems=(*d.problems, problem))
+        decisions.append(d)
+    return dataclasses.replace(plan, decisions=tuple(decisions))
 
 
 @dataclass(frozen=True, slots=True)

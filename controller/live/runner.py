@@ -78,7 +78,7 @@ from controller.live.snapshot import (
 )
 from controller.live.startup import Discovery
 from controller.live.writer import CycleWriter
-from controller.multikueue import classes_from_manager, guard_plan
+from controller.multikueue import classes_from_manager, guard_plan, hold_unknown
 from controller.plan import (
     Plan,
     PriorityMode,
@@ -196,6 +196,7 @@ class LiveController:
         self.builder = SnapshotBuilder(self.parsers)
         self._manager_wls = ParseCache(self.parsers.workload)
         self._manager_jobs = ParseCache(self.parsers.job)
+        self._unknown_copies: frozenset[str] = frozenset()  # copies of no known manager object
         # Replans only the pools whose inputs changed; equal to compute_plan on the whole.
         self.planner = IncrementalPlanner()
         self._whole = ""
@@ -386,8 +387,9 @@ class LiveController:
             return built
         self._manager_wls.prune(inf[f"{MANAGER_PREFIX}workloads"].items())
         self._manager_jobs.prune(inf[f"{MANAGER_PREFIX}jobs"].items())
-        return dataclasses.replace(built, snapshot=classes_from_manager(
-            built.snapshot, self._manager_workload, self._manager_job))
+        found = classes_from_manager(built.snapshot, self._manager_workload, self._manager_job)
+        self._unknown_copies = found.unknown
+        return dataclasses.replace(built, snapshot=found.snapshot)
 
     def _manager_workload(self, key: str) -> Workload | None:
         obj = self.informers[f"{MANAGER_PREFIX}workloads"].get(key)
@@ -415,7 +417,7 @@ class LiveController:
             return plan, built
         guarded = guard_plan(plan, snap, self.mode.mode)
         self.metrics.set_labelled(self.metrics.multikueue_skipped, guarded.skipped)
-        return guarded.plan, built
+        return hold_unknown(guarded.plan, self._unknown_copies), built
 
     def stale_caches(self) -> tuple[str, ...]:
         """Workload/ClusterQueue caches older than CACHE_MAX_STALENESS ("workloads 130s")."""

@@ -24,7 +24,12 @@ from controller.domain import (
 from controller.live.api import ADMISSION_CHECKS, WORKLOADS
 from controller.live.diff import PRIORITY, plan_diff
 from controller.live.metrics import Metrics
-from controller.multikueue import classes_from_manager, guard_plan, multikueue_queues
+from controller.multikueue import (
+    classes_from_manager,
+    guard_plan,
+    hold_unknown,
+    multikueue_queues,
+)
 from controller.parse import build_snapshot, parse_admission_check, parse_cluster_queue
 from controller.plan import Plan
 from controller.policy import compute_plan
@@ -246,7 +251,7 @@ def worker_and_manager(copy_ann: dict[str, str], manager_ann: dict[str, str],
 def overlay(worker: ClusterSnapshot, manager: ClusterSnapshot | None) -> ClusterSnapshot:
     wls = {w.key: w for w in manager.workloads} if manager else {}
     jobs = {(j.namespace, j.name): j for j in manager.jobs} if manager else {}
-    return classes_from_manager(worker, wls.get, lambda ns, n: jobs.get((ns, n)))
+    return classes_from_manager(worker, wls.get, lambda ns, n: jobs.get((ns, n))).snapshot
 
 
 def class_of(snap: ClusterSnapshot, name: str) -> PriorityClass:
@@ -283,12 +288,22 @@ def test_what_is_set_on_the_worker_counts_for_nothing() -> None:
     assert [j.annotations for j in out.jobs if j.name == "j"] == [{}]
 
 
-def test_a_copy_without_a_known_origin_is_normal() -> None:
-    worker, _ = worker_and_manager({URGENT_ANNOTATION: "true"}, {}, None,
-                                   worker_job_ann={APPROVED_ANNOTATION: "true"})
-    out = overlay(worker, None)
-    assert class_of(out, "w") is PriorityClass.NORMAL
-    assert next(w for w in out.workloads if w.name == "w").owner is None
+def test_a_copy_without_a_known_origin_is_left_unchanged() -> None:
+    """Not planned as normal (that could demote an urgent copy while the manager cannot be
+    read): named unknown, and the plan leaves it unchanged with a problem."""
+    worker, manager = worker_and_manager({URGENT_ANNOTATION: "true"}, {}, None,
+                                         worker_job_ann={APPROVED_ANNOTATION: "true"})
+    found = classes_from_manager(worker, lambda _k: None, lambda _n, _m: None)
+    assert found.unknown == {"team-a/w"}
+    assert next(w for w in found.snapshot.workloads if w.name == "w").owner is None
+    plan = hold_unknown(compute_plan(found.snapshot, settings(), NOW), found.unknown)
+    by = {d.key: d for d in plan.decisions}
+    assert by["team-a/w"].leave_unchanged and "not known" in by["team-a/w"].problems[-1].message
+    assert not by["team-a/own"].leave_unchanged
+    # a manager Workload whose Job is not known: unknown too (the Job may say approved)
+    worker, manager = worker_and_manager({}, {}, {APPROVED_ANNOTATION: "true"})
+    wls = {w.key: w for w in manager.workloads}
+    assert classes_from_manager(worker, wls.get, lambda _n, _m: None).unknown == {"team-a/w"}
 
 
 def test_the_controllers_own_annotations_on_a_copy_are_kept() -> None:
@@ -300,7 +315,8 @@ def test_the_controllers_own_annotations_on_a_copy_are_kept() -> None:
 
 def test_no_copies_no_change() -> None:
     snap = build_snapshot([workload_dict("a", queue="lq")])
-    assert classes_from_manager(snap, lambda _k: None, lambda _n, _m: None) is snap
+    found = classes_from_manager(snap, lambda _k: None, lambda _n, _m: None)
+    assert found.snapshot is snap and not found.unknown
 
 
 def test_live_worker_orders_copies_by_the_managers_classes_and_never_writes_the_manager() -> None:
@@ -344,3 +360,22 @@ def test_live_worker_orders_copies_by_the_managers_classes_and_never_writes_the_
     assert [d.key for d in report.plan.decisions if d.rank == 0] == ["team-b/b1"]
     assert manager.writes() == []
     assert any("/jobs" in path for _, path in manager.requests)
+
+
+def test_live_worker_leaves_copies_alone_while_the_manager_has_no_record_of_them() -> None:
+    from tests.unit.test_live_runner import cluster, controller, stored, workload
+    from tests.unit.test_live_runner import settings as live_settings
+
+    worker, manager = FakeApi(), FakeApi()
+    cluster(worker)
+    cluster(manager)  # reachable, but none of the copies' manager Workloads is there
+    workload(worker, "team-a", "own", annotations={URGENT_ANNOTATION: "true"})
+    copy_wl = workload(worker, "team-b", "copy", annotations={URGENT_ANNOTATION: "true"})
+    copy_wl["metadata"]["labels"] = {MULTIKUEUE_ORIGIN_LABEL: "manager-1"}
+    worker.put_object(WORKLOADS.item("copy", "team-b"), copy_wl)
+    c = controller(worker, live_settings(), manager=manager)
+    report = c.run_cycle(NOW)
+    assert {ch.ref.name for ch in report.changes} == {"own"}, report.changes
+    assert "annotations" not in stored(worker, "team-b", "copy")["metadata"] or \
+        KUEUE_PRIORITY_BOOST_ANNOTATION not in stored(worker, "team-b", "copy")["metadata"][
+            "annotations"]
