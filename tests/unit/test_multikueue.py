@@ -363,8 +363,7 @@ def test_live_worker_orders_copies_by_the_managers_classes_and_never_writes_the_
 
 
 def test_live_worker_leaves_copies_alone_while_the_manager_has_no_record_of_them() -> None:
-    from tests.unit.test_live_runner import cluster, controller, stored, workload
-    from tests.unit.test_live_runner import settings as live_settings
+    from tests.support.fake_cluster import cluster, controller, live_settings, stored, workload
 
     worker, manager = FakeApi(), FakeApi()
     cluster(worker)
