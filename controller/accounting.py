@@ -4,8 +4,9 @@ Quantities are exact `Decimal`s in the domain; here, at the accounting boundary,
 floats once, because share math is a ratio compared against quantized levels and a plan over
 15,000 workloads must take milliseconds.
 
-GPU work is counted in GPU-equivalents (docs/policy.md, "What a written value is"): one container's GPU use is
-`gpu x max(cores%, memory%) / 100`, so four 25 % jobs weigh one GPU, not four.
+GPU work is counted in GPU-equivalents (docs/policy.md, "What a written value is"): one
+container's GPU use is `gpu x max(cores%, memory%) / 100`, so four 25 % jobs weigh one GPU,
+not four.
 
 A **pool** is what a Workload competes in: its ClusterQueue's cohort (every ClusterQueue of the
 cohort lends to the others), or the ClusterQueue alone when it has no cohort. A team's share is
