@@ -21,6 +21,7 @@ Admitted: the class guard (`PolicySettings.guard`), above every pending Workload
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -363,6 +364,7 @@ class Scored:
     suffix: str = ""  # terms words after `priority=` (e.g. reclaimed-for=)
     demand: Vector | None = None  # what it will reserve, in its pool's dimensions
     share: float = 0.0  # prospective weighted dominant share (its team's, once it is admitted)
+    previous: int | None = None  # the fairness level the last plan wrote on it
 
 
 def kueue_priority(w: Workload, c: Classified) -> int:
@@ -513,12 +515,65 @@ def _score_team(
             c.override, target, False, clamped, ts.dominant_share,
             credited if credited != s.since else None,
         )
-        s.target, s.boost, s.problems = target, boost, problems
+        s.target, s.boost, s.problems, s.previous = target, boost, problems, previous
         s.terms = pending_terms(cls, team, pool, level, levels, fairness, iso(credited),
                                 ref_iso, c.base, c.override, target)
         if taken:
             s.suffix = f" reclaimed-for={taken}"
             s.terms += s.suffix
+
+
+OrderKey = tuple[int, float, str]  # Kueue's order, ascending: -priority, queued since, UID
+
+
+def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
+    """A pending Workload whose only change is its fairness level keeps the level it carries
+    when no other pending Workload of its pool lies between its written value and its new one
+    (in Kueue's order: priority, then queue time, then UID), at either of that Workload's
+    values. Kueue acts on the order, not the value, and the order stays exactly the one the
+    new values give: two Workloads that both keep their values have disjoint intervals, so
+    neither passes the other. So a level that moves without passing anyone costs no write -
+    the head of a queue rising further, a Workload alone in its band."""
+    levels = settings.fairness_levels
+    candidates: list[tuple[Scored, int, str]] = []
+    for s in scored:
+        b, p = s.breakdown, s.previous
+        if b is None or p is None or p == b.fairness_level or b.override is not None:
+            continue
+        w = s.member.workload
+        current = kueue_priority(w, s.classified)
+        points = level_points(p, settings)
+        if b.priority - b.fairness_term + points != current:
+            continue
+        terms = pending_terms(b.priority_class, b.team, b.pool, p, levels, points,
+                              iso(b.credited_since or b.queued_since), iso(b.reference),
+                              b.base, None, current) + s.suffix
+        if terms != w.annotations.get(PRIORITY_TERMS_ANNOTATION):
+            continue  # something else changed too: it is written anyway
+        candidates.append((s, current, terms))
+    if not candidates:
+        return
+    keys: dict[str, list[OrderKey]] = {}
+    for s in scored:
+        keys.setdefault(s.member.pool, []).append(
+            (-s.target, s.since.timestamp(), s.member.workload.uid))
+    for s, current, _terms in candidates:
+        keys[s.member.pool].append((-current, s.since.timestamp(), s.member.workload.uid))
+    for pool_keys in keys.values():
+        pool_keys.sort()
+    for s, current, terms in candidates:
+        since, uid = s.since.timestamp(), s.member.workload.uid
+        lo, hi = sorted(((-current, since, uid), (-s.target, since, uid)))
+        pool_keys = keys[s.member.pool]
+        if bisect_left(pool_keys, hi) - bisect_right(pool_keys, lo) > 0:
+            continue  # it passes another Workload (or is passed): the order changes
+        b = s.breakdown
+        assert b is not None and s.previous is not None
+        boost, clamped = _boost(current, b.base)
+        s.target, s.boost, s.terms = current, boost, terms
+        s.breakdown = replace(b, priority=current, fairness_level=s.previous,
+                              fairness_term=level_points(s.previous, settings),
+                              clamped=clamped)
 
 
 def preempting_pools(queues: Iterable[ClusterQueue]) -> frozenset[str]:
@@ -1099,6 +1154,7 @@ def compute_plan(
         settings = replace(settings, team_weights=MappingProxyType(kueue_weights))
     acc = account(g, snapshot, settings, now, history)
     scored = score_pending(acc, g, snapshot, settings, now)
+    keep_order(scored, settings)
     pools = preempting_pools(g.queues.values())
     admitted_classes = {m.workload.key: classify(m.workload, m.job)
                         for m in acc.admitted if m.pool in pools}

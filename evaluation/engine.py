@@ -136,3 +136,4 @@ class SimResult:
     job_writes: list[int] = field(default_factory=list)  # per job: priority writes
     # per job: Kueue's first quota reservation (NaN: never); its pods may start later
     first_quota: list[float] = field(default_factory=list)
+    job_write_causes: dict[str, list[int]] = field(default_factory=dict)  # per cause, per job

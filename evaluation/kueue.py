@@ -174,6 +174,8 @@ class Policy:
         self.writes = 0
         self.write_times: list[float] = []
         self.job_writes: list[int] = []
+        # Per cause (a policy's own names), per job: what its writes were for.
+        self.job_write_causes: dict[str, list[int]] = {}
         self._sim: KueueSim | None = None
 
     @property
@@ -187,6 +189,7 @@ class Policy:
         self.writes = 0
         self.write_times = []
         self.job_writes = [0] * len(sim.jobs)
+        self.job_write_causes = {}
 
     def priority(self, job: SimJob) -> int:
         """The job's effective Kueue priority now (pending or admitted)."""
@@ -870,6 +873,7 @@ class KueueSim:
             quota_admissions=list(self.admissions),
             first_quota=list(self.first_quota),
             job_writes=list(self.policy.job_writes),
+            job_write_causes={k: list(v) for k, v in self.policy.job_write_causes.items()},
         )
 
     def _next_tick(self, t: float, loop: float, t_arr: float) -> float:

@@ -295,6 +295,9 @@ def run_metrics(
     wq = quantiles(float(x) for x in per_job)
     out["writes_per_job_mean"] = wq.mean if per_job else 0.0
     out["writes_per_job_p99"] = wq.p99 if per_job else 0.0
+    for cause, counts in sorted(result.job_write_causes.items()):
+        out[f"writes_per_job:{cause}"] = (
+            sum(counts[j.job_id] for j in jobs) / len(jobs) if jobs else 0.0)
     out["writes_per_hour"] = (
         sum(1 for t in result.write_times if period.start <= t < period.end) / hours
     )

@@ -40,6 +40,7 @@ from controller.domain import (
     GPUCORES,
     GPUMEM_PERCENTAGE,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
     Admission,
     ClusterQueue,
@@ -55,6 +56,7 @@ from controller.domain import (
     Workload,
     frozen_resources,
 )
+from controller.plan import parse_terms
 from controller.policy import compute_plan
 from controller.workload import PriorityTarget, effective_priority, priority_patch
 from evaluation.kueue import DONE, PENDING, PREEMPTED, KueueSim, Policy
@@ -69,6 +71,33 @@ class _StandIn(TypedDict):
     priority: int | None
     priority_class_name: str | None
     workload_priority_class: bool
+
+
+def write_cause(old: str | None, new: str) -> str:
+    """What one write was for, from the terms annotation before and after: `new` (a pending
+    Workload's first value), `guard`, `expose` (reclaim or team approval), `requeue` (evicted:
+    pending again), or for a pending Workload rewritten: `class`, `since` (its queued-since or
+    approval credit), `rebase`, `nudge` (a taker's point), `level-up`, `level-down`, `other`."""
+    if not old:
+        return "new"
+    before, after = parse_terms(old), parse_terms(new)
+    state = after.get("state")
+    if state == "admitted":
+        return "guard"
+    if state is not None:
+        return "expose"
+    if before.get("state") is not None:
+        return "requeue"
+    for key, cause in (("class", "class"), ("since", "since"), ("ref", "rebase"),
+                       ("preempts", "nudge")):
+        if before.get(key) != after.get(key):
+            return cause
+    lb, la = before.get("level", ""), after.get("level", "")
+    if lb != la:
+        b, a = lb.partition("/")[0], la.partition("/")[0]
+        if b.isdigit() and a.isdigit():
+            return "level-up" if int(a) > int(b) else "level-down"
+    return "other"
 
 
 class WdrfKueue(Policy):
@@ -323,11 +352,16 @@ class WdrfKueue(Policy):
         w = self.wl[jid]
         patch = priority_patch(_wire(w), PriorityMode.BOOST, target)
         if patch is not None:
+            cause = write_cause(w.annotations.get(PRIORITY_TERMS_ANNOTATION), target.terms)
             w = replace(w, annotations=MappingProxyType(patch.annotations_after(w.annotations)))
             self.wl[jid] = w
             self.writes += 1
             self.write_times.append(now)
             self.job_writes[jid] += 1
+            counts = self.job_write_causes.get(cause)
+            if counts is None:
+                counts = self.job_write_causes[cause] = [0] * len(self.job_writes)
+            counts[jid] += 1
         prio = effective_priority(_wire(w))
         if self.prio.get(jid, 0) != prio:
             self.prio[jid] = prio

@@ -1,0 +1,135 @@
+"""A pending Workload whose fairness level moves keeps the value it carries when the move
+passes no other pending Workload of its pool (`controller.policy.keep_order`): the plan's order
+is exactly the one fresh values give, with fewer writes. On the real `compute_plan`."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controller import policy
+from controller.domain import (
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
+    ClusterSnapshot,
+    Workload,
+)
+from controller.plan import Plan, WorkloadDecision
+from controller.policy import compute_plan
+from tests.support.builders import NOW, snapshot, wl
+from tests.support.builders import settings as make_settings
+
+TEAMS = ("team-a", "team-b", "team-c")
+S = make_settings()
+
+
+def written(snap: ClusterSnapshot, plan: Plan) -> ClusterSnapshot:
+    """The snapshot once the live controller applied `plan` (boost mode: the boost and the
+    terms annotations)."""
+    by_key = {d.key: d for d in plan.decisions}
+    out = []
+    for w in snap.workloads:
+        d = by_key.get(w.key)
+        if d is None or d.leave_unchanged:
+            out.append(w)
+            continue
+        ann = {**w.annotations, PRIORITY_TERMS_ANNOTATION: d.terms,
+               KUEUE_PRIORITY_BOOST_ANNOTATION: str(d.target_boost)}
+        out.append(replace(w, annotations=ann))
+    return replace(snap, workloads=tuple(out))
+
+
+def fresh(snap: ClusterSnapshot) -> Plan:
+    """The plan with every moved level written (keep_order off)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(policy, "keep_order", lambda *_a: None)
+        return compute_plan(snap, S, NOW)
+
+
+def kueue_order(plan: Plan) -> list[str]:
+    def key(d: WorkloadDecision) -> tuple[int, float, str]:
+        assert d.breakdown is not None
+        return (-d.target_priority, d.breakdown.queued_since.timestamp(), d.uid)
+
+    return [d.key for d in sorted(plan.pending, key=key)]
+
+
+def writes(snap: ClusterSnapshot, plan: Plan) -> list[str]:
+    now = {w.key: w for w in snap.workloads}
+    out = []
+    for d in plan.pending:
+        w = now[d.key]
+        if d.target_boost != int(w.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0")) \
+                or d.terms != w.annotations.get(
+                PRIORITY_TERMS_ANNOTATION):
+            out.append(d.key)
+    return out
+
+
+def running(team: str, n: int, tag: str) -> list[Workload]:
+    return [wl(f"{tag}{i}", team, admitted=True) for i in range(n)]
+
+
+usage_st = st.fixed_dictionaries({t: st.integers(0, 6) for t in TEAMS})
+pending_st = st.lists(st.tuples(st.integers(0, 2), st.integers(1, 3), st.floats(0, 86400)),
+                      min_size=2, max_size=14)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(usage_st, usage_st, pending_st)
+def test_kept_values_leave_the_fresh_order_and_cost_no_write(
+    before: dict[str, int], after: dict[str, int], spec: list[tuple[int, int, float]],
+) -> None:
+    """After a plan was written, usage changes (Jobs finish, others start): the new plan orders
+    the pending Workloads exactly as the plan that rewrites every moved level, and each value
+    that differs from that plan's is the one the Workload carries (no write)."""
+    pend = [wl(f"p{i}", TEAMS[t], gpu=str(g), wait=age) for i, (t, g, age) in enumerate(spec)]
+    run1 = [w for t, n in before.items() for w in running(t, n, "r")]
+    snap1 = snapshot([*run1, *pend], gpus=32, teams=TEAMS)
+    carried = written(snap1, compute_plan(snap1, S, NOW))
+    pend_now = [w for w in carried.workloads if not w.quota_reserved]
+    run2 = [w for t, n in after.items() for w in running(t, n, "s")]
+    snap2 = replace(carried, workloads=(*run2, *pend_now))
+    plan, ref = compute_plan(snap2, S, NOW), fresh(snap2)
+    assert kueue_order(plan) == kueue_order(ref)
+    mine = {d.key: d for d in plan.pending}
+    for d in ref.pending:
+        if mine[d.key].target_priority != d.target_priority:
+            assert d.key not in writes(snap2, plan)
+    assert set(writes(snap2, plan)) <= set(writes(snap2, ref))
+
+
+def test_a_head_that_rises_further_is_not_rewritten() -> None:
+    """Team A's pending Workload leads the queue; two of A's Jobs finish, so its level rises by
+    more than the hysteresis: it passes nobody, so nothing is written. Team B's, which the
+    finished Jobs do not move, keeps its value either way."""
+    pend = [wl("a", "team-a", wait=7200), wl("b", "team-b", wait=60)]
+    snap1 = snapshot([*running("team-a", 6, "r"), *running("team-b", 10, "r"), *pend],
+                     gpus=16, teams=("team-a", "team-b"))
+    carried = written(snap1, compute_plan(snap1, S, NOW))
+    assert kueue_order(compute_plan(carried, S, NOW))[0] == "team-a/a"
+    gone = {"team-a/r0", "team-a/r1"}
+    snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
+    ref = fresh(snap2)
+    assert writes(snap2, ref) == ["team-a/a"]  # its level moved: the old rule writes it
+    plan = compute_plan(snap2, S, NOW)
+    assert writes(snap2, plan) == []
+    assert kueue_order(plan) == kueue_order(ref) == ["team-a/a", "team-b/b"]
+
+
+def test_a_level_that_passes_another_workload_is_written() -> None:
+    """Team B's Jobs finish and its Workload, below A's, rises past it: the order changes, so
+    B's new value is written."""
+    pend = [wl("a", "team-a", wait=7200), wl("b", "team-b", wait=3600)]
+    snap1 = snapshot([*running("team-a", 4, "r"), *running("team-b", 10, "r"), *pend],
+                     gpus=16, teams=("team-a", "team-b"))
+    carried = written(snap1, compute_plan(snap1, S, NOW))
+    assert kueue_order(compute_plan(carried, S, NOW)) == ["team-a/a", "team-b/b"]
+    gone = {f"team-b/r{i}" for i in range(8)}
+    snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
+    plan = compute_plan(snap2, S, NOW)
+    assert kueue_order(plan) == ["team-b/b", "team-a/a"]
+    assert writes(snap2, plan) == ["team-b/b"]
