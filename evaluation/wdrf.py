@@ -75,18 +75,20 @@ class _StandIn(TypedDict):
 
 def write_cause(old: str | None, new: str) -> str:
     """What one write was for, from the terms annotation before and after: `new` (a pending
-    Workload's first value), `guard`, `expose` (reclaim or team approval), `requeue` (evicted:
-    pending again), or for a pending Workload rewritten: `class`, `since` (its queued-since or
-    approval credit), `rebase`, `nudge` (a taker's point), `level-up`, `level-down`, `other`."""
+    Workload's first value), `guard`, `unexpose` (an exposure ended: guarded again),
+    `expose` (reclaim or team approval), `re-expose` (exposed again, to other teams or at
+    another value), `requeue` (evicted: pending again), or for a pending Workload rewritten:
+    `class`, `since` (its queued-since or approval credit), `rebase`, `nudge` (a taker's
+    point), `level-up`, `level-down`, `other`."""
     if not old:
         return "new"
     before, after = parse_terms(old), parse_terms(new)
-    state = after.get("state")
+    state, was = after.get("state"), before.get("state")
     if state == "admitted":
-        return "guard"
+        return "unexpose" if was not in (None, "admitted") else "guard"
     if state is not None:
-        return "expose"
-    if before.get("state") is not None:
+        return "re-expose" if was not in (None, "admitted") else "expose"
+    if was is not None:
         return "requeue"
     for key, cause in (("class", "class"), ("since", "since"), ("ref", "rebase"),
                        ("preempts", "nudge")):
