@@ -595,19 +595,46 @@ def _unchanged(m: Member, c: Classified, problems: tuple[InputProblem, ...],
     )
 
 
-Threats = Mapping[tuple[str, PriorityClass], int]
+Threats = Mapping[tuple[str, str, PriorityClass], int]
 
 
-def pending_threats(scored: Iterable[Scored]) -> Threats:
-    """Per (pool, class), the highest priority a pending Workload of that class has now or is
-    given by this plan: both values exist while the plan is being written."""
-    out: dict[tuple[str, PriorityClass], int] = {}
+def _reach(queue: ClusterQueue | None) -> tuple[bool, bool]:
+    """(within, across): whether a pending Workload of this ClusterQueue can preempt by
+    priority an admitted one of its own ClusterQueue, and one of another ClusterQueue of its
+    cohort. Reclaim with `Any` takes from a borrowing ClusterQueue whatever the priority, so
+    no guard protects from it: only `LowerPriority` reclaim and borrowing reach by priority.
+    An unknown ClusterQueue reaches everything (the safe side)."""
+    if queue is None:
+        return True, True
+    pre = queue.preemption
+    return (pre.within_cluster_queue != "Never",
+            pre.reclaim_within_cohort == "LowerPriority" or pre.borrow_within_cohort != "Never")
+
+
+def pending_threats(scored: Iterable[Scored], queues: Mapping[str, ClusterQueue]) -> Threats:
+    """The highest priority a pending Workload of each class has now or is given by this plan
+    (both values exist while the plan is being written), per ClusterQueue ("cq", name) for
+    what can preempt within it, and per pool ("pool", pool) for what can preempt across the
+    cohort by priority (`_reach`)."""
+    out: dict[tuple[str, str, PriorityClass], int] = {}
+    reach: dict[str | None, tuple[bool, bool]] = {}
+    floor = INT32_MIN - 1
     for s in scored:
-        c = s.classified
-        key = (s.member.pool, c.priority_class)
-        value = max(s.target, kueue_priority(s.member.workload, c))
-        if value > out.get(key, INT32_MIN - 1):
-            out[key] = value
+        c, m = s.classified, s.member
+        cq = m.cluster_queue
+        found = reach.get(cq)
+        if found is None:
+            found = reach[cq] = _reach(queues.get(cq) if cq else None)
+        within, across = found
+        value = max(s.target, kueue_priority(m.workload, c))
+        if within and cq is not None:
+            key = ("cq", cq, c.priority_class)
+            if value > out.get(key, floor):
+                out[key] = value
+        if across or cq is None:
+            key = ("pool", m.pool, c.priority_class)
+            if value > out.get(key, floor):
+                out[key] = value
     return MappingProxyType(out)
 
 
@@ -920,7 +947,7 @@ def guard_admitted(
     # A guard's breakdown has no wait: its times are the aging reference, which (unlike the
     # clock) changes only at a rebase.
     ref = reference(now, settings.rebase_period)
-    threats = pending_threats(scored)
+    threats = pending_threats(scored, g.queues)
     ranked = rank_threats(scored) if victims else {}
     # Guards of one (class, team, pool, base, override) share their breakdown and terms.
     shared: dict[tuple[object, ...], tuple[PriorityBreakdown, str, int, str]] = {}
@@ -956,8 +983,9 @@ def guard_admitted(
                 continue
         if c.override is None:
             current = kueue_priority(w, c)
-            threat = max((threats.get((m.pool, p), INT32_MIN - 1) for p in protected_from[cls]),
-                         default=INT32_MIN - 1)
+            threat = max((max(threats.get(("pool", m.pool, p), INT32_MIN - 1),
+                               threats.get(("cq", m.cluster_queue or "", p), INT32_MIN - 1))
+                           for p in protected_from[cls]), default=INT32_MIN - 1)
             was_exposed = parse_terms(w.annotations.get(PRIORITY_TERMS_ANNOTATION)).get(
                 "state") in _STATE.values()
             if threat < current and current != classes.guard[cls] and not was_exposed:

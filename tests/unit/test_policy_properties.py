@@ -399,13 +399,16 @@ def test_admitted_workloads_get_guards_only_where_preemption_can_reach_them() ->
     plain = compute_plan(snapshot(items), S, NOW)
     assert [d.key for d in plain.decisions] == ["team-a/p"]
     for pre in (Preemption(within_cluster_queue="LowerPriority"),
-                Preemption(reclaim_within_cohort="Any"),
                 Preemption(borrow_within_cohort="LowerPriority")):
         cq = replace(preempting(), preemption=pre)
         plan = compute_plan(replace(snapshot(items), cluster_queues=(cq,)), S, NOW)
         guard = decision(plan, "team-a/run")
         assert guard.admitted and guard.target_priority == S.guard(PriorityClass.NORMAL)
         assert guard.hami is None and "state=admitted" in guard.terms
+    # Reclaim with Any takes quota whatever the priority: no guard would protect from it
+    cq = replace(preempting(), preemption=Preemption(reclaim_within_cohort="Any"))
+    plan = compute_plan(replace(snapshot(items), cluster_queues=(cq,)), S, NOW)
+    assert [d.key for d in plan.decisions] == ["team-a/p"]
 
 
 # --------------------------------------------------------------------------------------------
