@@ -752,8 +752,12 @@ def test_s8_metrics_refused_without_a_token_served_with_one(
     scraper = kube.service_account_token(admin, NS, "prometheus")
     stranger = kube.service_account_token(admin, NS, "stranger")
     sa_token = kube.service_account_token(admin, NS, SA)
-    transport = KubeTransport.from_config(str(sa_kubeconfig(plane, sa_token,
-                                                             tmp_path / "sa-kubeconfig")))
+    # as the running controller builds it: its own field manager goes on every POST, the
+    # reviews included, and the apiserver must take it there too
+    name = "wdrf-controller/wdrf-controller-7d9f-redteam"
+    transport = KubeTransport.from_config(
+        str(sa_kubeconfig(plane, sa_token, tmp_path / "sa-kubeconfig")),
+        user_agent=name, field_manager=name)
     metrics, health = Metrics(), Health(stale_after=60)
     metrics.is_leader.set(1)
     tls = tls_context(str(plane.pki.serving_crt), str(plane.pki.serving_key))
