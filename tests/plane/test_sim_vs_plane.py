@@ -228,7 +228,9 @@ def simulate(sc: Scenario, teams: Sequence[str], settings: Settings, epoch: date
     live controller applies it), every admitted Workload reported on its own."""
     jobs = [SimJob(i, float(j.submit), float(j.duration), teams[j.team], j.cls, 1, j.gpus, PCT)
             for i, j in enumerate(sc.jobs)]
-    policy = _Recording(settings, epoch, aggregate_admitted=False)
+    # The plane runs without the shipped class stand-ins (no admission policy installed), so
+    # the model gives a new Workload no priority until the controller's first cycle, as there.
+    policy = _Recording(settings, epoch, aggregate_admitted=False, stand_ins=False)
     policy.skip = skip
     cfg = SimConfig(nodes=1, node_gpus=sc.gpus, loop_interval=settings.loop_interval,
                     exact_ticks=True, check_invariants=True)
