@@ -9,6 +9,7 @@ the workers' apiserver audit logs (who deleted what), never the controller's own
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -93,10 +94,14 @@ def _wpc(mk: MultiKueuePlanes, name: str, value: int) -> None:
             "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value})
 
 
-def _submit(mk: MultiKueuePlanes, q: Queues, job: str, **kw: Any) -> str:
+def _submit(mk: MultiKueuePlanes, q: Queues, job: str, ns: str | None = None,
+            **kw: Any) -> str:
+    """Job ``job`` in ``ns`` (default: the first namespace) on the manager; its Workload's
+    name."""
     m = mk.manager.api_client()
-    kube.create_job(m, q.namespace, job, q.local_queue, **kw)
-    name: str = kube.workload_for_job(m, q.namespace, job)["metadata"]["name"]
+    ns = ns or q.namespace
+    kube.create_job(m, ns, job, q.local_queue, **kw)
+    name: str = kube.workload_for_job(m, ns, job)["metadata"]["name"]
     return name
 
 
@@ -431,3 +436,191 @@ def _release_and_next(mk: MultiKueuePlanes, ns: str, running: str, worker: str,
         return got[0] if len(got) == 1 else None
 
     return kube.wait_for(next_one, 60, f"the next admission on {worker}")
+
+
+# -- team fairness on the workers ----------------------------------------------------------------
+
+
+def test_controllers_on_the_workers_order_the_copies_by_team_fairness(
+    mk: MultiKueuePlanes,
+) -> None:
+    """Three teams' normal Jobs submitted to the manager wait on both workers; each worker's
+    Kueue admits them in the order of that worker's team shares (what runs there), not in
+    submission order; a team's running Job ending on worker-1 (a fairness move after dispatch)
+    reorders worker-1's queue in the controller's next cycle after it sees the change, and its
+    Kueue admits that team's Job ahead of an older one. Witnesses: which copy each worker's
+    Kueue admits when a slot frees (QuotaReserved).
+
+    Each worker has 4 cpu and runs, placed there by holding the other worker's ClusterQueue:
+    worker-1 b 0.5, c 1.5, d 2; worker-2 b 1, c 1, d 2 (team d frees the slots; it waits for
+    nothing, so its usage orders nobody). The pending Jobs need 2 cpu each, so a slot is 2 cpu.
+    """
+    q = mk.add_queues({"cpu": 20}, {"cpu": 4}, teams=4)
+    a, b, c, d = q.namespaces
+    m = mk.manager.api_client()
+    workers = {w: p.api_client() for w, p in mk.workers.items()}
+    w1, w2 = "worker-1", "worker-2"
+    runs = {w1: {b: "500m", c: "1500m", d: "2"}, w2: {b: "1", c: "1", d: "2"}}
+    running: dict[tuple[str, str], str] = {}  # (worker, team) -> manager Workload
+    mk.hold(w2, q.cluster_queue)  # worker-1's Jobs land there; then worker-1 is full
+    for w, cpus in runs.items():
+        names = {ns: _submit(mk, q, f"run-{w}", ns=ns, run_seconds=600,
+                             requests={"cpu": cpu}) for ns, cpu in cpus.items()}
+        for ns, name in names.items():
+            assert _admitted_copy(mk, ns, name)[0] == w, (ns, name)
+            running[(w, ns)] = name
+        if w == w1:
+            mk.hold(w2, q.cluster_queue, held=False)
+
+    # b1 first, a1 last (1.1 s apart: distinct queue times): Kueue alone admits b1 first.
+    pending: dict[str, tuple[str, str]] = {}  # job -> (namespace, manager Workload)
+    for i, (job, ns) in enumerate((("b1", b), ("c1", c), ("a1", a))):
+        if i:
+            time.sleep(1.1)
+        pending[job] = (ns, _submit(mk, q, job, ns=ns, run_seconds=600,
+                                    requests={"cpu": "2"}))
+    first_uid: dict[tuple[str, str], str] = {}
+
+    def dispatched() -> bool:
+        for j, (ns, name) in pending.items():
+            for w, cp in _copies(mk, ns, name).items():
+                assert kube.is_pending(cp), (w, kube.describe_workload(cp))
+                first_uid.setdefault((w, j), cp["metadata"]["uid"])
+        return len(first_uid) == len(pending) * len(workers)
+
+    kube.wait_for(dispatched, 60, "every pending Job's copy on both workers")
+
+    def fair_order(w: str, jobs: set[str], freed: frozenset[str] = frozenset()) -> list[str]:
+        """Progressive filling on worker ``w``: each Job's team's cpu at its turn (what the
+        team runs there plus the Job) over the worker's 4 cpu; equal shares by queue time."""
+        usage = {ns: float(cpu.rstrip("m")) / (1000 if cpu.endswith("m") else 1)
+                 for ns, cpu in runs[w].items() if ns not in freed}
+        share = {j: (usage.get(pending[j][0], 0.0) + 2) / 4 for j in jobs}
+        return sorted(jobs, key=lambda j: (share[j], list(pending).index(j)))
+
+    # worker-1: a 0.5 < b 0.625 < c 0.875; worker-2: a 0.5 < b = c 0.75.
+    assert fair_order(w1, set(pending)) == ["a1", "b1", "c1"]
+    assert fair_order(w2, set(pending)) == ["a1", "b1", "c1"]
+
+    controllers = {}
+    for w, p in mk.workers.items():
+        settings = h.live_settings(
+            LOOP_INTERVAL="30", PRIORITY_MODE="boost", KUBECONFIG_PATH=str(p.kubeconfig),
+            MULTIKUEUE_MANAGER_KUBECONFIG=str(mk.manager.kubeconfig))
+        controllers[w] = LiveController(settings, make_transport(settings, f"{w}-fair"),
+                                        identity=f"{w}-fair",
+                                        manager=make_manager_transport(settings, f"{w}-fair"))
+
+    def effective(w: str) -> dict[str, int]:
+        return {j: _effective(cp) for j, (ns, name) in pending.items()
+                if (cp := remote_copy(workers[w], ns, name)) is not None}
+
+    def heads(w: str, expected: list[str]) -> bool:
+        """The copies on ``w`` in ``expected`` order by priority + boost (ties allowed only
+        after the first)."""
+        eff = effective(w)
+        if set(eff) != set(expected):
+            return False
+        vals = [eff[j] for j in expected]
+        return vals[0] > max(vals[1:], default=vals[0] - 1) and vals == sorted(vals, reverse=True)
+
+    with contextlib.ExitStack() as stack:
+        for ctl in controllers.values():
+            stack.enter_context(h.started(ctl, loop=True))
+        for w, ctl in controllers.items():
+            def ordered(w: str = w, ctl: LiveController = ctl) -> bool:
+                ok = heads(w, fair_order(w, set(pending)))
+                if not ok:
+                    ctl.trigger.set()  # a cycle now rather than at LOOP_INTERVAL
+                return ok
+
+            kube.wait_for(ordered, 60, f"the controller on {w} ordering by team shares",
+                          lambda w=w: str(effective(w)))  # type: ignore[misc]
+            _cycles(ctl, 1)
+
+        # worker-2 frees 2 cpu (d's Job ends): its Kueue admits a1, the youngest, whose team
+        # runs nothing there. a1's copy on worker-1 goes.
+        h.deactivate(m, d, running[(w2, d)])
+        assert _next_admitted(mk, w2, pending) == "a1", _queue_of(workers[w2], pending)
+        kube.wait_for(lambda: remote_copy(workers[w1], *pending["a1"]) is None, 60,
+                      "a1's copy gone from worker-1")
+        rest = {"b1", "c1"}
+        assert fair_order(w1, rest) == ["b1", "c1"]
+        kube.wait_for(lambda: heads(w1, ["b1", "c1"]), 60, "b1 above c1 on worker-1",
+                      lambda: str(effective(w1)))
+
+        # The fairness move: c's running Job on worker-1 ends (1.5 cpu freed, too little for
+        # a 2-cpu Job, so nobody is admitted). c's share at c1's turn drops to 0.5, below b's
+        # 0.625: c1 must pass b1 within one cycle of the controller seeing the change.
+        assert fair_order(w1, rest, frozenset({c})) == ["c1", "b1"]
+        ctl = controllers[w1]
+        h.deactivate(m, c, running[(w1, c)])
+        gone = f"{c}/{running[(w1, c)]}"
+        kube.wait_for(lambda: (o := ctl.informers["workloads"].get(gone)) is None
+                      or not kube.has_condition(o, "QuotaReserved"), 60,
+                      "the controller on worker-1 seeing c's Job end")
+        # A usage change prompts no cycle (LOOP_INTERVAL 30 s here): the test runs the next
+        # one now, and nothing else prompts one until the reorder is seen.
+        cycles_before = ctl.cycles
+        ctl.trigger.set()
+        seen_at: list[int] = []
+
+        def moved() -> bool:
+            cycles = ctl.cycles
+            if heads(w1, ["c1", "b1"]):
+                seen_at.append(cycles)
+            return bool(seen_at)
+
+        kube.wait_for(moved, 60, "c1 above b1 on worker-1", lambda: str(effective(w1)))
+        # written by the cycle running when the controller saw it, or the next one
+        assert seen_at[0] - cycles_before <= 2, (cycles_before, seen_at)
+        assert all(kube.is_pending(cp) for j in rest
+                   if (cp := remote_copy(workers[w1], *pending[j])) is not None)
+        _cycles(ctl, 1)
+
+        # worker-1 frees 2 cpu (d's Job ends): its Kueue admits c1, though b1 waited longer.
+        h.deactivate(m, d, running[(w1, d)])
+        assert _next_admitted(mk, w1, {j: pending[j] for j in rest}) == "c1", \
+            _queue_of(workers[w1], pending)
+
+    # The admitted copies are those MultiKueue created at dispatch; nothing was written on
+    # the manager.
+    for w, j in ((w2, "a1"), (w1, "c1")):
+        cp = remote_copy(workers[w], *pending[j])
+        assert cp is not None and cp["metadata"]["uid"] == first_uid[(w, j)], (w, j)
+    on_manager = audit.controller_writes(mk.manager.audit_events(audit.UA_PREFIX))
+    assert not [x for x in on_manager if x.identity in {f"{w}-fair" for w in workers}]
+
+
+def _cycles(c: LiveController, n: int) -> None:
+    """Wait until ``c`` has finished ``n`` more cycles (prompted, not at LOOP_INTERVAL)."""
+    target = c.cycles + n
+
+    def done() -> bool:
+        if c.cycles >= target:
+            return True
+        c.trigger.set()
+        return False
+
+    kube.wait_for(done, 60, f"{n} more controller cycles")
+
+
+def _queue_of(worker: k8s.ApiClient, pending: dict[str, tuple[str, str]]) -> str:
+    return str({j: kube.describe_workload(cp) for j, (ns, name) in pending.items()
+                if (cp := remote_copy(worker, ns, name)) is not None})
+
+
+def _next_admitted(mk: MultiKueuePlanes, worker: str,
+                   candidates: dict[str, tuple[str, str]]) -> str:
+    """The one Job of ``candidates`` whose copy ``worker``'s Kueue admits (QuotaReserved)."""
+    api = mk.workers[worker].api_client()
+
+    def admitted() -> str | None:
+        got = [j for j, (ns, name) in candidates.items()
+               if (cp := remote_copy(api, ns, name)) is not None
+               and kube.has_condition(cp, "QuotaReserved")]
+        assert len(got) <= 1, got  # one slot was freed
+        return got[0] if got else None
+
+    return kube.wait_for(admitted, 60, f"the next admission on {worker}",
+                         lambda: _queue_of(api, candidates))

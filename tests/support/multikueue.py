@@ -61,11 +61,13 @@ MK_WORKER_RULES: list[Obj] = [
 
 @dataclass
 class Queues:
-    """One test's queues: the same names on every plane."""
+    """One test's queues: the same names on every plane. ``namespaces`` are the teams (each
+    with LocalQueue ``lq``); ``namespace`` is the first."""
 
     namespace: str
     cluster_queue: str
     local_queue: str = "lq"
+    namespaces: tuple[str, ...] = ()
 
 
 @dataclass
@@ -192,15 +194,19 @@ class MultiKueuePlanes:
 
     def add_queues(self, manager_quota: Mapping[str, str | int],
                    worker_quota: Mapping[str, str | int],
-                   cq_spec: Obj | None = None) -> Queues:
-        """A namespace, a ClusterQueue and LocalQueue ``lq`` of the same names on all three
-        planes; the manager's ClusterQueue has the MultiKueue AdmissionCheck."""
+                   cq_spec: Obj | None = None, teams: int = 1) -> Queues:
+        """``teams`` namespaces, each with LocalQueue ``lq``, and one ClusterQueue, of the same
+        names on all three planes; the manager's ClusterQueue has the MultiKueue
+        AdmissionCheck."""
         ns = kube.unique_name("mk")
-        q = Queues(ns, f"cq-{ns}")
-        selector = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+        names = (ns, *(f"{ns}-{i}" for i in range(1, teams)))
+        q = Queues(ns, f"cq-{ns}", namespaces=names)
+        selector = {"matchExpressions": [{"key": "kubernetes.io/metadata.name",
+                                          "operator": "In", "values": list(names)}]}
         for name, plane in self.planes.items():
             api = plane.api_client()
-            kube.create_namespace(api, ns)
+            for team in names:
+                kube.create_namespace(api, team)
             spec = dict(cq_spec or {})
             quota = worker_quota
             if name == "manager":
@@ -208,8 +214,16 @@ class MultiKueuePlanes:
                 quota = manager_quota
             kube.create_cluster_queue(api, q.cluster_queue, quota, namespace_selector=selector,
                                       extra_spec=spec)
-            kube.create_local_queue(api, ns, q.local_queue, q.cluster_queue)
+            for team in names:
+                kube.create_local_queue(api, team, q.local_queue, q.cluster_queue)
         return q
+
+    def hold(self, worker: str, cluster_queue: str, held: bool = True) -> None:
+        """Stop (``Hold``: admit nothing new, keep what is admitted) or resume a worker's
+        ClusterQueue, so the Jobs submitted meanwhile land on the other worker."""
+        kube.request(self.workers[worker].api_client(), "PATCH",
+                     kube.kueue_path("clusterqueues", cluster_queue),
+                     {"spec": {"stopPolicy": "Hold" if held else "None"}})
 
 
 def _manager_settings() -> KueueSettings:
