@@ -393,8 +393,14 @@ class _ClassTerms:
 _CLASS_RANK = {PriorityClass.URGENT: 0, PriorityClass.APPROVED: 1, PriorityClass.NORMAL: 2}
 
 
-def _team_order_key(s: Scored) -> tuple[int, datetime, str]:
-    return (_CLASS_RANK[s.classified.priority_class], s.since, s.member.workload.uid)
+def _team_order_key(s: Scored) -> tuple[int, datetime, int, str]:
+    """A team's queue: class, then queue time, then - for the same second (Kubernetes'
+    timestamps have no finer grain) - the priority Kueue sees now, highest first, so a newcomer
+    never passes a Workload of the same second that already carries its value. Kueue may
+    already be taking quota for that one as its queue's head; admitted after being passed, it
+    would be preempted by the one that passed it."""
+    return (_CLASS_RANK[s.classified.priority_class], s.since,
+            -kueue_priority(s.member.workload, s.classified), s.member.workload.uid)
 
 
 class _Demands:

@@ -105,7 +105,7 @@ def test_no_same_class_preemption_urgent_preempts_and_no_ping_pong(
             by_priority = [(v, p, r) for v, p, r in preemptions
                            if r == "prioritization in the ClusterQueue"]
             victims_cls = {v: cls for uid, cls in cls_of.items() for v in [key_of[uid]]}
-            same_class = [(v, cls_of.get(p)) for v, p, _ in by_priority
+            same_class = [(v, cls_of.get(p), key_of.get(p, p)) for v, p, _ in by_priority
                           if cls_of.get(p) == victims_cls.get(v)]
             assert not same_class, f"same-class preemptions by priority: {same_class}"
             approved_over_normal = [(v, p) for v, p, _ in by_priority

@@ -5,6 +5,7 @@ them."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -12,6 +13,8 @@ from typing import Any
 from controller.config import Settings
 from controller.domain import (
     GPU,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
     Admission,
     ClusterQueue,
     ClusterSnapshot,
@@ -26,6 +29,7 @@ from controller.domain import (
     frozen_resources,
 )
 from controller.parse import parse_workload
+from controller.plan import Plan
 from controller.workload import WorkloadInfo
 
 NOW = datetime(2025, 11, 20, 12, 0, 0, tzinfo=UTC)
@@ -254,3 +258,19 @@ def settings(**changes: Any) -> Settings:
     from controller.config import with_overrides
 
     return with_overrides(Settings(), **changes)
+
+
+def written_boost(snap: ClusterSnapshot, plan: Plan) -> ClusterSnapshot:
+    """The snapshot once the live controller applied `plan` in boost mode (the boost and the
+    terms annotations)."""
+    by_key = {d.key: d for d in plan.decisions}
+    out = []
+    for w in snap.workloads:
+        d = by_key.get(w.key)
+        if d is None or d.leave_unchanged:
+            out.append(w)
+            continue
+        ann = {**w.annotations, PRIORITY_TERMS_ANNOTATION: d.terms,
+               KUEUE_PRIORITY_BOOST_ANNOTATION: str(d.target_boost)}
+        out.append(replace(w, annotations=ann))
+    return replace(snap, workloads=tuple(out))

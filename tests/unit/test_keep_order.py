@@ -21,25 +21,10 @@ from controller.plan import Plan, WorkloadDecision
 from controller.policy import compute_plan
 from tests.support.builders import NOW, snapshot, wl
 from tests.support.builders import settings as make_settings
+from tests.support.builders import written_boost as written
 
 TEAMS = ("team-a", "team-b", "team-c")
 S = make_settings()
-
-
-def written(snap: ClusterSnapshot, plan: Plan) -> ClusterSnapshot:
-    """The snapshot once the live controller applied `plan` (boost mode: the boost and the
-    terms annotations)."""
-    by_key = {d.key: d for d in plan.decisions}
-    out = []
-    for w in snap.workloads:
-        d = by_key.get(w.key)
-        if d is None or d.leave_unchanged:
-            out.append(w)
-            continue
-        ann = {**w.annotations, PRIORITY_TERMS_ANNOTATION: d.terms,
-               KUEUE_PRIORITY_BOOST_ANNOTATION: str(d.target_boost)}
-        out.append(replace(w, annotations=ann))
-    return replace(snap, workloads=tuple(out))
 
 
 def fresh(snap: ClusterSnapshot) -> Plan:
