@@ -268,11 +268,17 @@ def pending_demand(w: Workload, card_memory_mib: float | None) -> Vector:
     """What a pending Workload will reserve once admitted, in `admitted_usage`'s dimensions
     before Kueue picks flavors: requests x count, GPUs as GPU-equivalents."""
     out: Vector = {}
+    gpu = False
     for ps in w.pod_sets:
+        n = ps.count
         for c in ps.containers:
             for name, q in c.resources.items():
                 if name not in _GPU_RESOURCES:
-                    _add(out, name, float(q) * ps.count)
+                    out[name] = out.get(name, 0.0) + float(q) * n
+                elif name == GPU:
+                    gpu = True
+    if not gpu:  # `pod_sets_gpu` would find nothing
+        return out
     eq, cores, mem = pod_sets_gpu(w.pod_sets, card_memory_mib)
     if eq:
         _add(out, GPU, eq)

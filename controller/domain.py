@@ -7,12 +7,14 @@ Quantities are exact `Decimal`s in canonical units (cores, bytes, GPUs, percent)
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from types import MappingProxyType
+from typing import TypeVar
 
 # HAMi / NVIDIA resource names (HAMi chart defaults).
 GPU = "nvidia.com/gpu"
@@ -56,6 +58,35 @@ EMPTY_MAPPING: Mapping[str, str] = MappingProxyType({})
 
 def _no_strings() -> Mapping[str, str]:
     return EMPTY_MAPPING
+
+
+_T = TypeVar("_T")
+
+
+def fast_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass an `__init__` that sets each slot through its
+    descriptor: the same signature, defaults and object, in half the time of the generated
+    one (which goes through `object.__setattr__` per field to get past `frozen`). For the
+    classes a plan builds per Workload. Fields with a default factory are not supported."""
+    namespace: dict[str, object] = {}
+    params, body = [], []
+    for i, f in enumerate(dataclasses.fields(cls)):  # type: ignore[arg-type]
+        if not f.init or f.kw_only or f.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"fast_init: {cls.__name__}.{f.name} needs the generated __init__")
+        if f.default is dataclasses.MISSING:
+            params.append(f.name)
+        else:
+            namespace[f"_d{i}"] = f.default
+            params.append(f"{f.name}=_d{i}")
+        namespace[f"_s{i}"] = cls.__dict__[f.name].__set__
+        body.append(f"    _s{i}(self, {f.name})\n")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"fast_init: {cls.__name__} has __post_init__")
+    exec(f"def __init__(self, {', '.join(params)}):\n{''.join(body)}", namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"  # type: ignore[attr-defined]
+    setattr(cls, "__init__", init)  # noqa: B010
+    return cls
 
 Resources = Mapping[str, Decimal]
 """A resource vector: resource name -> exact quantity (cores, bytes, GPUs, percent)."""
@@ -134,6 +165,7 @@ def pool_label(key: str) -> str:
     return {"cq": "ClusterQueue", "cohort": "cohort"}.get(kind, kind) + " " + name
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
     """Names one Kubernetes object in messages, Events and patches."""
@@ -164,6 +196,7 @@ def api_group(api_version: str) -> str:
     return api_version.rpartition("/")[0]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class InputProblem:
     """Bad input found while parsing or deciding: reported, never fatal to the loop."""

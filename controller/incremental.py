@@ -37,7 +37,8 @@ import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from operator import attrgetter, itemgetter
+from itertools import compress, repeat
+from operator import attrgetter, eq, is_not, itemgetter
 from types import MappingProxyType
 
 from controller.accounting import (
@@ -120,6 +121,9 @@ class IncrementalPlanner:
         self._parts: dict[str, _Part] = {}
         self._cluster: tuple[object, ...] | None = None
         self._merged: _Merged | None = None  # the parts' decisions and shares, merged
+        self._pending: list[tuple[PendingKey, WorkloadDecision]] = []  # merged, in order
+        self._admitted: list[WorkloadDecision] = []  # merged, by key
+        self._split = _Splitter()
         self.replanned: tuple[str, ...] = ()  # pools planned by the last call
         self.pools = 0  # pools in the last plan
         self.fallback = ""  # why the last call planned the whole snapshot ("" = it did not)
@@ -134,6 +138,7 @@ class IncrementalPlanner:
             self._parts.clear()
             self._merged = None
             self._cluster = None
+            self._split = _Splitter()
             self.fallback = str(why)
             self.replanned, self.pools = ("*",), 0
             return compute_plan(snapshot, settings, now, history)
@@ -164,7 +169,7 @@ class IncrementalPlanner:
             self._parts.clear()
             self._cluster = cluster
 
-        inputs, plan_problems = _split(snapshot)
+        inputs, plan_problems = self._split(snapshot)
         now_ts = now.timestamp()
         replanned: list[str] = []
         parts: dict[str, _Part] = {}
@@ -175,7 +180,7 @@ class IncrementalPlanner:
                 replanned.append(pool)
             parts[pool] = part
         if replanned or parts.keys() != self._parts.keys() or self._merged is None:
-            self._merged = _merge(parts)
+            self._merged = self._merge(parts)
         self._parts = parts
         self.replanned, self.pools = tuple(sorted(replanned)), len(parts)
         decisions, shares, teams = self._merged
@@ -194,17 +199,31 @@ class IncrementalPlanner:
             reference=ref,
         )
 
+    def _merge(self, parts: dict[str, _Part]) -> _Merged:
+        """The parts' decisions as `compute_plan` orders them (pending by `policy.order`'s
+        key, then admitted by key), their (pool, team) shares by key, and the teams' summary.
+        The last merge without the parts planned again, and the new parts, are two sorted
+        runs: the sort merges them in linear time."""
+        old = self._parts
+        fresh = [pool for pool, part in parts.items() if old.get(pool) is not part]
+        gone = [part for pool, part in old.items() if parts.get(pool) is not part]
+        if self._merged is None or len(fresh) == len(parts):
+            pending = [entry for part in parts.values() for entry in part.pending]
+            admitted = [d for part in parts.values() for d in part.admitted]
+        else:
+            drop = {id(d) for part in gone for _key, d in part.pending}
+            pending = [e for e in self._pending if id(e[1]) not in drop]
+            pending += [entry for pool in fresh for entry in parts[pool].pending]
+            drop = {id(d) for part in gone for d in part.admitted}
+            admitted = [d for d in self._admitted if id(d) not in drop]
+            admitted += [d for pool in fresh for d in parts[pool].admitted]
+        pending.sort(key=itemgetter(0))
+        admitted.sort(key=attrgetter("key"))
+        self._pending, self._admitted = pending, admitted
+        shares = MappingProxyType(
+            {pt: ts for pool in sorted(parts) for pt, ts in parts[pool].shares})
+        return (*map(itemgetter(1), pending), *admitted), shares, team_summary(shares)
 
-def _merge(parts: dict[str, _Part]) -> _Merged:
-    """The parts' decisions as `compute_plan` orders them (pending by `policy.order`'s key,
-    then admitted by key), their (pool, team) shares by key, and the teams' summary."""
-    pending = [entry for part in parts.values() for entry in part.pending]
-    pending.sort(key=itemgetter(0))
-    admitted = [d for part in parts.values() for d in part.admitted]
-    admitted.sort(key=attrgetter("key"))
-    shares = MappingProxyType(
-        {pt: ts for pool in sorted(parts) for pt, ts in parts[pool].shares})
-    return (*map(itemgetter(1), pending), *admitted), shares, team_summary(shares)
 
 
 def _unique(keys: Iterable[object], what: str) -> None:
@@ -215,97 +234,154 @@ def _unique(keys: Iterable[object], what: str) -> None:
         seen.add(k)
 
 
-def _split(snapshot: ClusterSnapshot) -> tuple[dict[str, _Inputs], list[InputProblem]]:
+_NO_POOL = ""  # a deactivated pending Workload: in no pool (pool names are never empty)
+_SMALL_CHANGE = 8  # the positions diff is used while at most 1/8 of the Workloads changed
+
+
+class _Splitter:
     """Each pool's inputs (as `policy.account` assigns Workloads to pools), and the input
-    problems no pending Workload carries (the plan's own)."""
-    queues = snapshot.cluster_queues
-    _unique((cq.name for cq in queues), "ClusterQueues")
-    _unique((lq.key for lq in snapshot.local_queues), "LocalQueues")
-    _unique(((j.namespace, j.name) for j in snapshot.jobs), "Jobs")
-    _unique(((o.namespace, o.kind, o.name) for o in snapshot.owners), "owners")
-    pool_by_cq = {cq.name: pool_of(cq) for cq in queues}
-    lq_to_cq = {(lq.namespace, lq.name): lq.cluster_queue for lq in snapshot.local_queues}
+    problems no pending Workload carries (the plan's own).
 
-    workloads = snapshot.workloads
-    if any(map(_FINISHED, workloads)):
-        workloads = tuple(w for w in workloads if not w.finished)
-    # No duplicate UID or name, no Workload without a UID (checked in C: this runs every cycle).
-    uids = set(map(_UID, workloads))
-    names = set(zip(map(_NAMESPACE, workloads), map(_NAME, workloads), strict=True))
-    if len(uids) != len(workloads) or "" in uids or len(names) != len(workloads):
-        raise _Fallback("two Workloads with one UID or name, or a Workload without a UID")
-    # The pool of each LocalQueue and ClusterQueue, as `policy.account` assigns Workloads.
-    pool_of_lq = {key: pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
-                  for key, cq in lq_to_cq.items()}
-    members: dict[str, list[Workload]] = {}
-    for w in workloads:
-        if w.quota_reserved:
-            adm = w.admission
-            if adm is not None:
-                cq = adm.cluster_queue
-                pool = pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
+    It keeps the last call's Workloads and their pools: a Workload object seen last time (the
+    live snapshot reuses a parsed object while its resourceVersion is unchanged) keeps its
+    pool while the ClusterQueues' and LocalQueues' pools are the same, and when only a few
+    positions of the snapshot's Workloads hold another object, only the pools those objects
+    leave or join are gathered again (the others keep their members, in the same order)."""
+
+    def __init__(self) -> None:
+        self._maps: tuple[dict[str, str], dict[tuple[str, str], str]] | None = None
+        self._held: tuple[Workload, ...] = ()  # the last call's Workloads (keeps their ids)
+        self._pools: list[str] = []  # the pool of each, `_NO_POOL` for none
+        self._members: dict[str, tuple[Workload, ...]] = {}
+
+    def __call__(self, snapshot: ClusterSnapshot) -> tuple[dict[str, _Inputs],
+                                                           list[InputProblem]]:
+        queues = snapshot.cluster_queues
+        _unique((cq.name for cq in queues), "ClusterQueues")
+        _unique((lq.key for lq in snapshot.local_queues), "LocalQueues")
+        _unique(((j.namespace, j.name) for j in snapshot.jobs), "Jobs")
+        _unique(((o.namespace, o.kind, o.name) for o in snapshot.owners), "owners")
+        pool_by_cq = {cq.name: pool_of(cq) for cq in queues}
+        lq_to_cq = {(lq.namespace, lq.name): lq.cluster_queue for lq in snapshot.local_queues}
+        # The pool of each LocalQueue and ClusterQueue, as `policy.account` assigns Workloads.
+        pool_of_lq = {key: pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
+                      for key, cq in lq_to_cq.items()}
+        if (pool_by_cq, pool_of_lq) != self._maps:
+            self._maps = (pool_by_cq, pool_of_lq)
+            self._held, self._pools, self._members = (), [], {}
+
+        def assign(w: Workload) -> str:
+            if w.quota_reserved:
+                adm = w.admission
+                if adm is not None:
+                    cq = adm.cluster_queue
+                    return pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
+                return pool_of_lq.get((w.namespace, w.queue_name), UNKNOWN_POOL)
+            if w.active:
+                return pool_of_lq.get((w.namespace, w.queue_name), UNKNOWN_POOL)
+            return _NO_POOL
+
+        workloads = snapshot.workloads
+        if any(map(_FINISHED, workloads)):
+            workloads = tuple(w for w in workloads if not w.finished)
+        n, held = len(workloads), self._held
+        changed: list[int] | None = None
+        if held and n == len(held):  # the same positions: which hold another object (in C)
+            changed = list(compress(range(n), map(is_not, workloads, held)))
+            if len(changed) * _SMALL_CHANGE > n:
+                changed = None
+        if changed is None or any(
+                (w := workloads[i]).uid != (h := held[i]).uid or w.namespace != h.namespace
+                or w.name != h.name for i in changed):
+            # No duplicate UID or name, no Workload without a UID (checked in C). (A changed
+            # object with its predecessor's UID and name keeps last call's answer: no.)
+            uids = set(map(_UID, workloads))
+            names = set(zip(map(_NAMESPACE, workloads), map(_NAME, workloads), strict=True))
+            if len(uids) != n or "" in uids or len(names) != n:
+                raise _Fallback("two Workloads with one UID or name, or a Workload without a UID")
+
+        members: dict[str, tuple[Workload, ...]]
+        if changed is not None:
+            pools = self._pools.copy()
+            touched: set[str] = set()
+            for i in changed:
+                touched.add(pools[i])
+                pools[i] = assign(workloads[i])
+                touched.add(pools[i])
+            members = dict(self._members)
+            for pool in touched:
+                mine = tuple(compress(workloads, map(eq, pools, repeat(pool))))
+                if mine:
+                    members[pool] = mine
+                else:
+                    members.pop(pool, None)
+        else:
+            known = dict(zip(map(id, held), self._pools, strict=True))
+            found = list(map(known.get, map(id, workloads)))
+            pools = [p if p is not None else assign(w)
+                     for w, p in zip(workloads, found, strict=True)]
+            grouped: dict[str, list[Workload]] = {}
+            for w, pool in zip(workloads, pools, strict=True):
+                mine_l = grouped.get(pool)
+                if mine_l is None:
+                    grouped[pool] = [w]
+                else:
+                    mine_l.append(w)
+            members = {pool: tuple(wls) for pool, wls in grouped.items()}
+        members.pop(_NO_POOL, None)
+        self._held, self._pools, self._members = workloads, pools, members
+
+        pending = {(w.namespace, w.name): pool for w, pool in zip(workloads, pools, strict=True)
+                   if pool != _NO_POOL and not w.quota_reserved} if snapshot.problems else {}
+        problems: dict[str, list[InputProblem]] = {}
+        plan_problems: list[InputProblem] = []
+        for prob in snapshot.problems:  # routed as `policy.gather` routes them
+            o = prob.object
+            pool_of_problem = pending.get((o.namespace, o.name)) if (
+                o is not None and o.kind == "Workload"
+                and prob.field not in ("metadata.uid", "metadata.name")) else None
+            if pool_of_problem is None:
+                plan_problems.append(prob)
             else:
-                pool = pool_of_lq.get((w.namespace, w.queue_name), UNKNOWN_POOL)
-        elif w.active:
-            pool = pool_of_lq.get((w.namespace, w.queue_name), UNKNOWN_POOL)
-        else:
-            continue  # deactivated and pending: in no pool
-        found = members.get(pool)
-        if found is None:
-            members[pool] = [w]
-        else:
-            found.append(w)
-    pending = {(w.namespace, w.name): pool for pool, wls in members.items() for w in wls
-               if not w.quota_reserved} if snapshot.problems else {}
+                problems.setdefault(pool_of_problem, []).append(prob)
 
-    problems: dict[str, list[InputProblem]] = {}
-    plan_problems: list[InputProblem] = []
-    for prob in snapshot.problems:  # routed as `policy.gather` routes them
-        o = prob.object
-        pool_of_problem = pending.get((o.namespace, o.name)) if (
-            o is not None and o.kind == "Workload"
-            and prob.field not in ("metadata.uid", "metadata.name")) else None
-        if pool_of_problem is None:
-            plan_problems.append(prob)
-        else:
-            problems.setdefault(pool_of_problem, []).append(prob)
+        queues_of: dict[str, list[ClusterQueue]] = {}
+        for queue in queues:
+            queues_of.setdefault(pool_by_cq[queue.name], []).append(queue)
+        local_of: dict[str, list[LocalQueue]] = {}
+        for lq in snapshot.local_queues:
+            local_of.setdefault(pool_by_cq.get(lq.cluster_queue, UNKNOWN_POOL), []).append(lq)
+        jobs = {(j.namespace, j.name): j for j in snapshot.jobs} if snapshot.jobs else {}
+        owners = ({(o.namespace, o.kind, o.name): o for o in snapshot.owners}
+                  if snapshot.owners else {})
 
-    queues_of: dict[str, list[ClusterQueue]] = {}
-    for queue in queues:
-        queues_of.setdefault(pool_by_cq[queue.name], []).append(queue)
-    local_of: dict[str, list[LocalQueue]] = {}
-    for lq in snapshot.local_queues:
-        local_of.setdefault(pool_by_cq.get(lq.cluster_queue, UNKNOWN_POOL), []).append(lq)
-    jobs = {(j.namespace, j.name): j for j in snapshot.jobs} if snapshot.jobs else {}
-    owners = ({(o.namespace, o.kind, o.name): o for o in snapshot.owners}
-              if snapshot.owners else {})
-
-    out: dict[str, _Inputs] = {}
-    for pool, wls in members.items():
-        my_jobs: dict[int, JobInfo] = {}
-        my_owners: dict[int, OwnerInfo] = {}
-        for w in wls:
-            o = w.owner
-            if o is None:
-                continue
-            if o.is_batch_job:
-                j = jobs.get((w.namespace, o.name))
-                if j is not None:
-                    my_jobs[id(j)] = j
-            else:
-                other = owners.get((w.namespace, o.kind, o.name))
-                if other is not None:
-                    my_owners[id(other)] = other
-        out[pool] = _Inputs(
-            workloads=tuple(wls),
-            # `-` is charged against the whole cluster: every ClusterQueue's capacity.
-            queues=queues if pool == UNKNOWN_POOL else tuple(queues_of.get(pool, ())),
-            local_queues=tuple(local_of.get(pool, ())),
-            jobs=tuple(my_jobs.values()),
-            owners=tuple(my_owners.values()),
-            problems=tuple(problems.get(pool, ())),
-        )
-    return out, plan_problems
+        out: dict[str, _Inputs] = {}
+        for pool, wls in members.items():
+            my_jobs: dict[int, JobInfo] = {}
+            my_owners: dict[int, OwnerInfo] = {}
+            if jobs or owners:
+                for w in wls:
+                    o = w.owner
+                    if o is None:
+                        continue
+                    if o.is_batch_job:
+                        j = jobs.get((w.namespace, o.name))
+                        if j is not None:
+                            my_jobs[id(j)] = j
+                    else:
+                        other = owners.get((w.namespace, o.kind, o.name))
+                        if other is not None:
+                            my_owners[id(other)] = other
+            out[pool] = _Inputs(
+                workloads=wls,
+                # `-` is charged against the whole cluster: every ClusterQueue's capacity.
+                queues=queues if pool == UNKNOWN_POOL else tuple(queues_of.get(pool, ())),
+                local_queues=tuple(local_of.get(pool, ())),
+                jobs=tuple(my_jobs.values()),
+                owners=tuple(my_owners.values()),
+                problems=tuple(problems.get(pool, ())),
+            )
+        return out, plan_problems
 
 
 def _plan_part(pool: str, given: _Inputs, snapshot: ClusterSnapshot, settings: PolicySettings,

@@ -18,7 +18,14 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import TypeVar
 
-from controller.domain import InputProblem, PriorityClass, PriorityMode, Resources, pool_key
+from controller.domain import (
+    InputProblem,
+    PriorityClass,
+    PriorityMode,
+    Resources,
+    fast_init,
+    pool_key,
+)
 from controller.usage import UsageHistory
 from controller.workload import TERMS_VERSION, Terms, change_is_eventful
 
@@ -41,6 +48,7 @@ __all__ = [
 ]
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class TeamShare:
     team: str
@@ -75,6 +83,7 @@ class Exposure:
     over_entitlement: float  # its team's usage over entitlement (U/S) in the pool
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class PriorityBreakdown:
     """Why a Workload gets its priority: every term of the encoding (docs/policy.md)."""
@@ -113,6 +122,7 @@ class PriorityBreakdown:
 
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class HamiDecision:
     """HAMi settings for the pod template / gated pods of a pending workload."""
@@ -139,6 +149,7 @@ class HamiDecision:
         return out
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WorkloadDecision:
     key: str  # namespace/name

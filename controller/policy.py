@@ -25,6 +25,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -75,6 +76,7 @@ from controller.domain import (
     TeamSource,
     Workload,
     api_group,
+    fast_init,
 )
 from controller.encoding import (
     aging_term,
@@ -104,6 +106,7 @@ __all__ = ["clamp_int32", "compute_plan", "implied_base"]
 PoolTeam = tuple[str, str]
 # The priority-terms `state` of an exposed admitted Workload, per reason.
 _STATE = {ExposureReason.RECLAIM: "reclaimable", ExposureReason.TEAM_APPROVAL: "yielding"}
+_UID, _NAMESPACE, _NAME = attrgetter("uid"), attrgetter("namespace"), attrgetter("name")
 
 
 # --------------------------------------------------------------------------------------------
@@ -133,6 +136,13 @@ def deduplicate(workloads: Iterable[Workload]) -> tuple[list[Workload], list[Inp
     same namespace/name with two UIDs (keep the newest: Kueue recreated it). Deterministic
     whatever the input order."""
     problems: list[InputProblem] = []
+    workloads = list(workloads)
+    # Hot path, checked in C: every UID present and unique, every namespace/name unique. The
+    # passes below would then return the Workloads in their input order.
+    uids = set(map(_UID, workloads))
+    if len(uids) == len(workloads) and "" not in uids and len(workloads) == len(
+            set(zip(map(_NAMESPACE, workloads), map(_NAME, workloads), strict=True))):
+        return workloads, problems
 
     def newest(index: dict[Any, Workload], key: object, w: Workload, field: str, value: str,
                message: str) -> None:
@@ -212,6 +222,7 @@ def owner_of(w: Workload, g: Gathered) -> JobInfo | OwnerInfo | None:
 # account
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Member:
     """One unfinished Workload with what accounting decided about it."""
@@ -418,7 +429,10 @@ class _Demands:
 
     def of(self, w: Workload, pool: str) -> Vector:
         single = self.single(pool)
-        return {single.get(d, d): q for d, q in pending_demand(w, self._acc.card_mib).items()}
+        demand = pending_demand(w, self._acc.card_mib)
+        if not single:
+            return demand
+        return {single.get(d, d): q for d, q in demand.items()}
 
 
 def score_pending(
@@ -483,16 +497,22 @@ def _score_team(
     head_since = min((s.since for s in queue
                       if s.classified.priority_class is PriorityClass.NORMAL), default=None)
     ceiling = levels  # levels never rise along the team's order
+    # Per dimension: (capacity, resource weight) where both are positive, else None.
+    scales: dict[str, tuple[float, float] | None] = {}
     for s in queue:
         m, c = s.member, s.classified
         w = m.workload
         before, ranked_by = share, dominant
         demand = demands.of(w, pool)
         for dim, q in demand.items():
-            vec[dim] = vec.get(dim, 0.0) + q
-            cd, rw = cap.get(dim, 0.0), weights.get(resource_of(dim), 0.0)
-            if cd > 0 and rw > 0 and vec[dim] / cd * rw / tw > share:
-                share, dominant = vec[dim] / cd * rw / tw, dim
+            v = vec[dim] = vec.get(dim, 0.0) + q
+            if dim in scales:
+                scale = scales[dim]
+            else:
+                cd, rw = cap.get(dim, 0.0), weights.get(resource_of(dim), 0.0)
+                scale = scales[dim] = (cd, rw) if cd > 0 and rw > 0 else None
+            if scale is not None and v / scale[0] * scale[1] / tw > share:
+                share, dominant = v / scale[0] * scale[1] / tw, dim
         s.demand, s.share = demand, share
         previous, taken = _previous(w, pool, team, levels)
         level = min(ceiling, fairness_level(before, total, settings, previous))
