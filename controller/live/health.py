@@ -12,7 +12,8 @@ Probes (`Probes`, served by the metrics HTTP server on /healthz and /readyz):
 `python -m controller --health-check`: can this controller run against this cluster?
 Checks, in order: the apiserver answers; Kueue's API is served (v1beta2, else v1beta1) with
 the resources the controller reads; for every permission in `controller.live.rbac`, a
-SelfSubjectAccessReview says it is allowed; and which priority mode `auto` would pick.
+SelfSubjectAccessReview says it is allowed; and which priority mode `auto` would pick. With
+MULTIKUEUE_MANAGER_KUBECONFIG, also that the manager answers and allows its reads there.
 Prints one line per check and exits non-zero if any required check fails.
 """
 
@@ -35,7 +36,7 @@ from controller.live.discovery import (
     served_versions,
 )
 from controller.live.metrics import Health
-from controller.live.rbac import Permission, permissions
+from controller.live.rbac import Permission, manager_permissions, permissions
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 
@@ -100,20 +101,28 @@ def access_review(t: Transport, p: Permission) -> tuple[bool, str]:
 
 
 def check_rbac(t: Transport, settings: Settings) -> list[Check]:
-    checks: list[Check] = []
-    for p in permissions(settings):
-        try:
-            allowed, reason = access_review(t, p)
-        except ApiError as e:
-            checks.append(Check(FAIL, f"RBAC {p.describe()}", f"review failed: {e}"))
-            continue
-        if allowed:
-            checks.append(Check(OK, f"RBAC {p.describe()}"))
-        else:
-            status = FAIL if p.required else WARN
-            checks.append(Check(status, f"RBAC {p.describe()}",
-                                f"denied ({p.why}){': ' + reason if reason else ''}"))
-    return checks
+    return [_review(t, p, "RBAC") for p in permissions(settings)]
+
+
+def _review(t: Transport, p: Permission, prefix: str) -> Check:
+    try:
+        allowed, reason = access_review(t, p)
+    except ApiError as e:
+        return Check(FAIL, f"{prefix} {p.describe()}", f"review failed: {e}")
+    if allowed:
+        return Check(OK, f"{prefix} {p.describe()}")
+    return Check(FAIL if p.required else WARN, f"{prefix} {p.describe()}",
+                 f"denied ({p.why}){': ' + reason if reason else ''}")
+
+
+def check_manager(m: Transport, settings: Settings) -> list[Check]:
+    """A MultiKueue worker's controller: the manager answers and lets it read what it reads
+    there (`manager_permissions`)."""
+    reach = check_apiserver(m)
+    first = Check(reach.status, "MultiKueue manager reachable", reach.detail)
+    if first.status == FAIL:
+        return [first]
+    return [first, *(_review(m, p, "manager RBAC") for p in manager_permissions(settings))]
 
 
 class Probes(Health):
@@ -160,11 +169,13 @@ def check_mode(t: Transport, settings: Settings) -> Check:
     return Check(status, "priority mode", f"{choice.mode.value}: {choice.reason}")
 
 
-def health_checks(t: Transport, settings: Settings) -> list[Check]:
+def health_checks(t: Transport, settings: Settings,
+                  manager: Transport | None = None) -> list[Check]:
     first = check_apiserver(t)
     if first.status == FAIL:
         return [first]
-    return [first, *check_kueue(t), *check_rbac(t, settings), check_mode(t, settings)]
+    checks = [first, *check_kueue(t), *check_rbac(t, settings), check_mode(t, settings)]
+    return [*checks, *check_manager(manager, settings)] if manager is not None else checks
 
 
 def report(checks: list[Check]) -> tuple[str, int]:
@@ -182,6 +193,7 @@ def run_health_check(
     settings: Settings,
     transport: Transport | None = None,
     echo: Callable[[str], object] = print,
+    manager: Transport | None = None,
 ) -> int:
     if transport is None:
         try:
@@ -192,7 +204,16 @@ def run_health_check(
         except Exception as e:
             echo(f"[FAIL] Kubernetes client configuration: {e}\nUNHEALTHY")
             return 1
-    text, code = report(health_checks(transport, settings))
+    if manager is None and settings.multikueue_manager_kubeconfig:
+        try:
+            from controller.live.kube import KubeTransport
+
+            manager = KubeTransport.from_config(settings.multikueue_manager_kubeconfig)
+        except Exception as e:
+            echo(f"[FAIL] MultiKueue manager client configuration "
+                 f"(MULTIKUEUE_MANAGER_KUBECONFIG): {e}\nUNHEALTHY")
+            return 1
+    text, code = report(health_checks(transport, settings, manager))
     echo(text)
     sys.stdout.flush()
     return code

@@ -83,3 +83,18 @@ def permissions(settings: Settings) -> list[Permission]:
                           "PriorityBoost gate in the Kueue manager's args", required=False,
                           name=KUEUE_DEPLOYMENT))
     return out
+
+
+def manager_permissions(settings: Settings) -> list[Permission]:
+    """What the controller on a MultiKueue worker reads on the manager cluster
+    (MULTIKUEUE_MANAGER_KUBECONFIG; manifests/multikueue-manager grants it): the manager's
+    Workloads and Kueue-managed Jobs, each kept by a LIST + WATCH; nothing without the
+    setting."""
+    if not settings.multikueue_manager_kubeconfig:
+        return []
+    out: list[Permission] = []
+    for group, resource in (("kueue.x-k8s.io", "workloads"), ("batch", "jobs")):
+        for verb in ("list", "watch"):
+            out.append(Permission(group, resource, verb, None,
+                                  "classes of the copies' manager Workloads and Jobs"))
+    return out

@@ -442,7 +442,7 @@ def _release_and_next(mk: MultiKueuePlanes, ns: str, running: str, worker: str,
 
 
 def test_controllers_on_the_workers_order_the_copies_by_team_fairness(
-    mk: MultiKueuePlanes,
+    mk: MultiKueuePlanes, tmp_path: Path,
 ) -> None:
     """Three teams' normal Jobs submitted to the manager wait on both workers; each worker's
     Kueue admits them in the order of that worker's team shares (what runs there), not in
@@ -454,6 +454,7 @@ def test_controllers_on_the_workers_order_the_copies_by_team_fairness(
     Each worker has 4 cpu and runs, placed there by holding the other worker's ClusterQueue:
     worker-1 b 0.5, c 1.5, d 2; worker-2 b 1, c 1, d 2 (team d frees the slots; it waits for
     nothing, so its usage orders nobody). The pending Jobs need 2 cpu each, so a slot is 2 cpu.
+    The controllers read the manager as the reader manifests/multikueue-manager creates there.
     """
     q = mk.add_queues({"cpu": 20}, {"cpu": 4}, teams=4)
     a, b, c, d = q.namespaces
@@ -502,11 +503,12 @@ def test_controllers_on_the_workers_order_the_copies_by_team_fairness(
     assert fair_order(w1, set(pending)) == ["a1", "b1", "c1"]
     assert fair_order(w2, set(pending)) == ["a1", "b1", "c1"]
 
+    reader = _manager_reader_kubeconfig(mk, tmp_path / "manager-reader.kubeconfig")
     controllers = {}
     for w, p in mk.workers.items():
         settings = h.live_settings(
             LOOP_INTERVAL="30", PRIORITY_MODE="boost", KUBECONFIG_PATH=str(p.kubeconfig),
-            MULTIKUEUE_MANAGER_KUBECONFIG=str(mk.manager.kubeconfig))
+            MULTIKUEUE_MANAGER_KUBECONFIG=str(reader))
         controllers[w] = LiveController(settings, make_transport(settings, f"{w}-fair"),
                                         identity=f"{w}-fair",
                                         manager=make_manager_transport(settings, f"{w}-fair"))
@@ -590,6 +592,31 @@ def test_controllers_on_the_workers_order_the_copies_by_team_fairness(
         assert cp is not None and cp["metadata"]["uid"] == first_uid[(w, j)], (w, j)
     on_manager = audit.controller_writes(mk.manager.audit_events(audit.UA_PREFIX))
     assert not [x for x in on_manager if x.identity in {f"{w}-fair" for w in workers}]
+
+
+def _manager_reader_kubeconfig(mk: MultiKueuePlanes, path: Path) -> Path:
+    """manifests/multikueue-manager applied on the manager and a kubeconfig with a token of
+    its ServiceAccount (a TokenRequest: the manager runs no token controller to fill the
+    shipped token Secret). `--health-check`'s manager review passes with it, and the reader
+    may not write there."""
+    from controller.live.health import OK, access_review, check_manager
+    from controller.live.kube import KubeTransport
+    from controller.live.rbac import Permission
+    from tests.support.manifests import sa_kubeconfig, ssa
+
+    m = mk.manager.api_client()
+    for obj in kube.render_kustomize(REPO / "manifests" / "multikueue-manager"):
+        ssa(m, obj)
+    token = kube.service_account_token(m, "kueue-system", "wdrf-multikueue-reader")
+    sa_kubeconfig(mk.manager, token, path)
+    t = KubeTransport.from_config(str(path))
+    settings = h.live_settings(MULTIKUEUE_MANAGER_KUBECONFIG=str(path))
+    checks = check_manager(t, settings)
+    assert len(checks) == 5 and all(c.status == OK for c in checks), [c.line() for c in checks]
+    for verb in ("patch", "delete"):
+        allowed, _ = access_review(t, Permission("kueue.x-k8s.io", "workloads", verb, None, ""))
+        assert not allowed, verb
+    return path
 
 
 def _cycles(c: LiveController, n: int) -> None:

@@ -36,6 +36,7 @@ RESOURCES: dict[str, tuple[str, str, bool]] = {
     "Namespace": ("/api/v1", "namespaces", False),
     "ServiceAccount": ("/api/v1", "serviceaccounts", True),
     "ConfigMap": ("/api/v1", "configmaps", True),
+    "Secret": ("/api/v1", "secrets", True),
     "Service": ("/api/v1", "services", True),
     "Pod": ("/api/v1", "pods", True),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),

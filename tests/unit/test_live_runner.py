@@ -354,6 +354,34 @@ def test_health_check(denied: set[str], code: int) -> None:
         assert "[FAIL] RBAC patch workloads.kueue.x-k8s.io" in text
 
 
+@pytest.mark.parametrize("denied,code", [(set(), 0), ({"watch jobs"}, 1)])
+def test_health_check_of_a_multikueue_worker_reviews_its_reads_on_the_manager(
+        denied: set[str], code: int) -> None:
+    """With MULTIKUEUE_MANAGER_KUBECONFIG the manager must answer and allow the reads the
+    controller makes there (SelfSubjectAccessReviews on the manager, not on this cluster)."""
+    from controller.live.health import run_health_check
+
+    api, manager = FakeApi(), FakeApi()
+    api.static["/version"] = manager.static["/version"] = {"gitVersion": "v1.36.0"}
+    api.static["/apis/kueue.x-k8s.io"] = KUEUE_GROUP_DOC
+    api.static["/apis/kueue.x-k8s.io/v1beta2"] = {"resources": [
+        {"name": n} for n in ("workloads", "clusterqueues", "localqueues")]}
+    manager.denied = denied
+    out: list[str] = []
+    s = settings(MULTIKUEUE_MANAGER_KUBECONFIG="/etc/wdrf/manager/kubeconfig")
+    assert run_health_check(s, api, echo=out.append, manager=manager) == code
+    text = "\n".join(out)
+    reviewed = [line for line in out[0].splitlines() if "manager RBAC" in line]
+    assert len(reviewed) == 4, text  # list and watch of Workloads and Jobs
+    assert "[OK  ] MultiKueue manager reachable: v1.36.0" in text
+    if denied:
+        assert "[FAIL] manager RBAC watch jobs.batch (cluster-wide): denied" in text
+    else:
+        assert "HEALTHY" in text and "UNHEALTHY" not in text
+    mgr_reviews = [r for r in manager.requests if "selfsubjectaccessreviews" in r[1]]
+    assert len(mgr_reviews) == 4
+
+
 def test_health_check_apiserver_down() -> None:
     from controller.live.health import run_health_check
 

@@ -755,3 +755,61 @@ def test_secure_metrics_rbac_is_exactly_what_the_controller_then_uses() -> None:
     assert secure - plain == granted == {
         ("authentication.k8s.io", "tokenreviews", "create"),
         ("authorization.k8s.io", "subjectaccessreviews", "create")}
+
+
+def test_multikueue_worker_component_mounts_the_manager_kubeconfig(
+        tmp_path: Path, rendered: list[Obj]) -> None:
+    """overlays/multikueue-worker (a Component): the manager's kubeconfig from the Secret
+    wdrf-multikueue-manager mounted read-only where MULTIKUEUE_MANAGER_KUBECONFIG points,
+    boost mode, and nothing else changed; the settings load from the shipped config with it."""
+    rel = Path(os.path.relpath(MANIFESTS, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [str(rel)], "components": [str(rel / "overlays" / "multikueue-worker")]}),
+        encoding="utf-8")
+    objs = render_kustomize(tmp_path)
+    for o in objs:
+        k8s_validate(o)
+    pod = find(objs, "Deployment")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    where, _, file = env["MULTIKUEUE_MANAGER_KUBECONFIG"].rpartition("/")
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == where)
+    assert mount.get("readOnly") is True
+    vol = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert vol["secret"]["secretName"] == "wdrf-multikueue-manager"
+    assert vol["secret"]["items"] == [{"key": "kubeconfig", "path": file}]
+    s = load_settings(MANIFESTS / "config.yaml", env={k: v for k, v in env.items() if v})
+    assert s.multikueue_manager_kubeconfig == env["MULTIKUEUE_MANAGER_KUBECONFIG"]
+    assert s.priority_mode.value == "boost"
+    base = {(o["kind"], o["metadata"]["name"]): o for o in rendered}
+    changed = [k for o in objs if base.get(k := (o["kind"], o["metadata"]["name"])) != o]
+    assert changed == [("Deployment", "wdrf-controller")], changed
+
+
+def test_multikueue_manager_reader_grants_exactly_what_the_workers_read_there() -> None:
+    """manifests/multikueue-manager (applied on the manager): a ServiceAccount, its token and
+    a ClusterRole of exactly the controller's reads on the manager (list and watch of
+    Workloads and Jobs, controller.live.rbac.manager_permissions), no write."""
+    from controller.live.rbac import manager_permissions
+
+    objs = render_kustomize(MANIFESTS / "multikueue-manager")
+    for o in objs:
+        k8s_validate(o)
+    assert sorted(o["kind"] for o in objs) == [
+        "ClusterRole", "ClusterRoleBinding", "Secret", "ServiceAccount"]
+    sa = find(objs, "ServiceAccount")
+    assert sa["metadata"]["namespace"] == NAMESPACE
+    reader = find(objs, "ClusterRole", "wdrf-multikueue-reader")
+    used = manager_permissions(with_overrides(
+        all_features(), multikueue_manager_kubeconfig="/etc/wdrf/manager/kubeconfig"))
+    assert set(rule_triples(reader["rules"])) == {(p.group, p.resource, p.verb) for p in used}
+    assert not [p for p in used if p.verb not in ("get", "list", "watch")]
+    assert not manager_permissions(all_features())  # nothing without the setting
+    b = find(objs, "ClusterRoleBinding")
+    assert b["roleRef"]["name"] == reader["metadata"]["name"]
+    assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                              "namespace": NAMESPACE}]
+    token = find(objs, "Secret")
+    assert token["type"] == "kubernetes.io/service-account-token" and "data" not in token
+    assert token["metadata"]["annotations"] == {
+        "kubernetes.io/service-account.name": sa["metadata"]["name"]}
