@@ -636,8 +636,13 @@ class PolicySettings(HamiSettings):
     def guard(self, cls: PriorityClass) -> int:
         """Priority of an admitted Workload of class `cls` where preemption can reach it:
         strictly above every pending Workload that must not preempt it (`protected_class` and
-        below), so aging and fairness never evict."""
-        return self.pending_class_term(self.protected_class(cls)) + self.band_span() + 1
+        below), so aging and fairness never evict. Where normal work is protected from
+        approved work, both guards would be equal; approved's is one higher, so an urgent
+        Workload's preemption (Kueue takes the lowest priority first) takes guarded normal
+        work before guarded approved work."""
+        value = self.pending_class_term(self.protected_class(cls)) + self.band_span() + 1
+        return value + 1 if cls is PriorityClass.APPROVED \
+            and self.protected_class(PriorityClass.NORMAL) is PriorityClass.APPROVED else value
 
     def max_score(self) -> int:
         """Largest priority the policy writes (without override): the urgent guard."""

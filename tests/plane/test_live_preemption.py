@@ -20,11 +20,17 @@ import re
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
-from controller.domain import APPROVED_ANNOTATION, URGENT_ANNOTATION
+from controller.domain import (
+    APPROVED_ANNOTATION,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
+    URGENT_ANNOTATION,
+)
 from tests.plane import live_helpers as h
 from tests.support import kube
 
@@ -133,3 +139,61 @@ def test_no_same_class_preemption_urgent_preempts_and_no_ping_pong(
             assert h.next_admitted(api, candidates) == head.key
     finally:
         h.cleanup(api, teams, cqs)
+
+
+def _effective(wl: dict[str, Any]) -> int:
+    boost = (wl["metadata"].get("annotations") or {}).get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0")
+    return int(wl["spec"].get("priority") or 0) + int(boost)
+
+
+def test_urgent_preempts_guarded_normal_work_before_guarded_approved_work(
+    api: k8s.ApiClient, kubeconfig: Path
+) -> None:
+    """Team x runs a normal Job, then (admitted later) an approved one; team y's approved Job
+    waits and reaches both, so both get their class guards. An urgent Job arrives: Kueue takes
+    the lowest priority first (at equal priority, the most recently admitted), so the approved
+    guard one above the normal guard makes it take the normal Job - Kueue's own Preempted
+    condition says which."""
+    x, y = kube.create_namespace(api), kube.create_namespace(api)
+    cq = kube.unique_name("cq-guard")
+    kube.create_cluster_queue(api, cq, {"cpu": 2},
+                              preemption={"withinClusterQueue": "LowerPriority"})
+    for ns in (x, y):
+        kube.create_local_queue(api, ns, "lq", cq)
+    try:
+        def admitted(ns: str, job: str) -> dict[str, Any]:
+            return kube.wait_for_workload_condition(api, ns, h.job_workload(api, ns, job),
+                                                    "QuotaReserved", timeout=60)
+
+        h.create_job(api, x, "normal", "lq")
+        normal = admitted(x, "normal")
+        time.sleep(1.5)  # a later admission second: at equal priority Kueue would take this one
+        h.create_job(api, x, "approved", "lq", annotations=CLASSES["approved"])
+        approved = admitted(x, "approved")
+        h.create_job(api, y, "waiting", "lq", annotations=CLASSES["approved"])
+
+        c = h.new_controller(kubeconfig, h.live_settings())
+        with h.started(c, loop=True):
+            def guards() -> tuple[int, int] | None:
+                n = kube.get_workload(api, x, normal["metadata"]["name"])
+                a = kube.get_workload(api, x, approved["metadata"]["name"])
+                terms = [(w["metadata"].get("annotations") or {}).get(
+                    PRIORITY_TERMS_ANNOTATION, "") for w in (n, a)]
+                return ((_effective(n), _effective(a))
+                        if all("state=admitted" in t for t in terms) else None)
+
+            normal_guard, approved_guard = kube.wait_for(guards, 60, "both guards written")
+
+            h.create_job(api, y, "urgent", "lq", annotations=CLASSES["urgent"])
+            taken = kube.wait_for(
+                lambda: [n for n in (normal, approved) if kube.has_condition(
+                    kube.get_workload(api, x, n["metadata"]["name"]), "Preempted")] or None,
+                60, "a preemption")
+            assert [w["metadata"]["name"] for w in taken] == [normal["metadata"]["name"]], (
+                normal_guard, approved_guard)
+            assert approved_guard > normal_guard, (normal_guard, approved_guard)
+            time.sleep(3)  # nothing else goes
+            assert not kube.has_condition(
+                kube.get_workload(api, x, approved["metadata"]["name"]), "Preempted")
+    finally:
+        h.cleanup(api, [x, y], [cq])

@@ -374,7 +374,7 @@ def test_the_plan_and_the_requeued_victim_say_it_was_reclaimed_and_for_whom() ->
 def test_team_scope_bound_and_guards() -> None:
     n, a = PriorityClass.NORMAL, PriorityClass.APPROVED
     assert TEAM_SCOPE.overtake_window(a) == TEAM_SCOPE.overtake_window(n) + 1
-    assert TEAM_SCOPE.guard(a) == TEAM_SCOPE.guard(n) == (
+    assert TEAM_SCOPE.guard(a) - 1 == TEAM_SCOPE.guard(n) == (
         TEAM_SCOPE.class_term(n) + 1 + TEAM_SCOPE.band_span() + 1)
     assert TEAM_SCOPE.urgent_preempts()
     assert make_settings(approved_scope=ApprovedScope.TEAM, approved_preempts_normal=True,
