@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from controller.domain import (
     APPROVED_ANNOTATION,
     MULTIKUEUE_ORIGIN_LABEL,
+    OWNER_KINDS,
     PRIORITY_OVERRIDE_ANNOTATION,
     URGENT_ANNOTATION,
     ClusterSnapshot,
@@ -41,6 +42,7 @@ from controller.domain import (
     ObjectRef,
     PriorityMode,
     Workload,
+    api_group,
 )
 from controller.plan import Plan, WorkloadDecision
 
@@ -65,11 +67,17 @@ def is_remote_copy(workload: Workload) -> bool:
 CLASS_INPUTS = (URGENT_ANNOTATION, APPROVED_ANNOTATION, PRIORITY_OVERRIDE_ANNOTATION)
 
 
+# Why a copy's class is unknown (`FromManager.unknown`; the reason label of
+# wdrf_multikueue_held_copies).
+ORIGIN_UNKNOWN = "origin-unknown"  # its manager Workload, or that Workload's Job, is not known
+OWNER_NOT_READ = "owner-not-read"  # its manager Workload's owner is a JobSet, RayJob, ...
+
+
 @dataclass(frozen=True, slots=True)
 class FromManager:
     snapshot: ClusterSnapshot
-    # copies whose manager Workload (or its batch/v1 Job) is not known: their class is unknown
-    unknown: frozenset[str] = frozenset()
+    # copies whose class is unknown -> why (ORIGIN_UNKNOWN, OWNER_NOT_READ)
+    unknown: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def classes_from_manager(
@@ -82,12 +90,15 @@ def classes_from_manager(
     (looked up by namespace, name) as its owner; the copy's own class annotations and its
     worker-side Job count for nothing. A copy whose manager Workload, or that Workload's Job,
     is not found is named in `unknown` (`hold_unknown` leaves it unchanged: planning it as
-    normal could demote an urgent one while the manager cannot be read). Other Workloads are
-    unchanged."""
+    normal could demote an urgent one while the manager cannot be read). So is a copy whose
+    manager Workload is owned by another kind whose objects users annotate (OWNER_KINDS: a
+    JobSet, a RayJob, ...): the manager's objects of those kinds are not read, so its class is
+    not known either. (A pod group's class is on its Workload, which is read.) Other Workloads
+    are unchanged."""
     if not any(is_remote_copy(w) for w in snapshot.workloads):
         return FromManager(snapshot)
     workloads: list[Workload] = []
-    unknown: set[str] = set()
+    unknown: dict[str, str] = {}
     replaced_jobs: set[tuple[str, str]] = set()
     manager_jobs: dict[tuple[str, str], JobInfo] = {}
     for w in snapshot.workloads:
@@ -100,40 +111,68 @@ def classes_from_manager(
         ann = {k: v for k, v in w.annotations.items() if k not in CLASS_INPUTS}
         owner: ObjectRef | None = None
         if origin is None:
-            unknown.add(w.key)
+            unknown[w.key] = ORIGIN_UNKNOWN
         else:
             ann.update({k: origin.annotations[k] for k in CLASS_INPUTS
                         if k in origin.annotations})
             if origin.owner is not None and origin.owner.is_batch_job:
                 job = manager_job(origin.namespace, origin.owner.name)
                 if job is None:
-                    unknown.add(w.key)
+                    unknown[w.key] = ORIGIN_UNKNOWN
                 else:
                     owner = origin.owner
                     manager_jobs[(job.namespace, job.name)] = job
+            elif origin.owner is not None and _annotated_owner(origin.owner):
+                unknown[w.key] = OWNER_NOT_READ
         workloads.append(dataclasses.replace(w, annotations=MappingProxyType(ann), owner=owner))
     jobs = [j for j in snapshot.jobs if (j.namespace, j.name) not in replaced_jobs
             and (j.namespace, j.name) not in manager_jobs]
     return FromManager(dataclasses.replace(snapshot, workloads=tuple(workloads),
                                            jobs=(*jobs, *manager_jobs.values())),
-                       frozenset(unknown))
+                       MappingProxyType(unknown))
 
 
-def hold_unknown(plan: Plan, unknown: frozenset[str]) -> Plan:
-    """The plan with every copy whose class is unknown left unchanged, with a problem."""
+def _annotated_owner(owner: ObjectRef) -> bool:
+    """An owner of a kind whose objects carry the class annotations (besides batch/v1 Job)."""
+    return f"{api_group(owner.api_version)}/{owner.kind}" in OWNER_KINDS
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    plan: Plan
+    # reason (ORIGIN_UNKNOWN, OWNER_NOT_READ) -> copies left unchanged for it
+    counts: Mapping[str, int]
+
+
+def hold_unknown(plan: Plan, unknown: Mapping[str, str]) -> Held:
+    """The plan with every copy whose class is unknown left unchanged, with a problem that
+    says why, and how many were left so per reason."""
     if not unknown:
-        return plan
+        return Held(plan, MappingProxyType({}))
     decisions = []
+    counts: dict[str, int] = {}
     for d in plan.decisions:
-        if d.key in unknown and not d.leave_unchanged:
+        why = unknown.get(d.key)
+        if why is not None and not d.leave_unchanged:
             namespace, _, name = d.key.partition("/")
             problem = InputProblem(ObjectRef("Workload", name, namespace, d.uid),
                                    f"metadata.labels[{MULTIKUEUE_ORIGIN_LABEL}]", d.key,
-                                   "a MultiKueue copy whose manager Workload or Job is not "
-                                   "known (yet): its class is unknown; left unchanged")
+                                   _HOLD_MESSAGES[why])
             d = dataclasses.replace(d, leave_unchanged=True, problems=(*d.problems, problem))
+            counts[why] = counts.get(why, 0) + 1
         decisions.append(d)
-    return dataclasses.replace(plan, decisions=tuple(decisions))
+    return Held(dataclasses.replace(plan, decisions=tuple(decisions)),
+                MappingProxyType(counts))
+
+
+_HOLD_MESSAGES = {
+    ORIGIN_UNKNOWN: "a MultiKueue copy whose manager Workload or Job is not known (yet): its "
+                    "class is unknown; left unchanged",
+    OWNER_NOT_READ: "a MultiKueue copy whose manager Workload is owned by a kind other than a "
+                    "batch/v1 Job (JobSet, RayJob, ...): the class annotations on that object "
+                    "on the manager are not read, so its class is unknown; left unchanged (it "
+                    "keeps its own priority, e.g. the class stand-in it was created with)",
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,6 +156,13 @@ class Metrics:
             "Workloads left unchanged in the last cycle because MultiKueue would delete or "
             "overwrite their remote copies (spec mode).", ["cluster_queue"], registry=r,
         )
+        self.multikueue_held = Gauge(
+            "wdrf_multikueue_held_copies",
+            "MultiKueue copies on this worker left unchanged in the last cycle because their "
+            "class is unknown: origin-unknown (manager Workload or Job not found), "
+            "owner-not-read (owned on the manager by a JobSet, RayJob, ...).", ["reason"],
+            registry=r,
+        )
 
     def set_labelled(self, gauge: Gauge, values: Mapping[str, float]) -> None:
         """Replace all series of a one-label gauge, so stale teams/queues disappear. Team

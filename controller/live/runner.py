@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -196,7 +196,8 @@ class LiveController:
         self.builder = SnapshotBuilder(self.parsers)
         self._manager_wls = ParseCache(self.parsers.workload)
         self._manager_jobs = ParseCache(self.parsers.job)
-        self._unknown_copies: frozenset[str] = frozenset()  # copies of no known manager object
+        # copies whose class is unknown -> why (controller.multikueue.ORIGIN_UNKNOWN, ...)
+        self._unknown_copies: Mapping[str, str] = {}
         # Replans only the pools whose inputs changed; equal to compute_plan on the whole.
         self.planner = IncrementalPlanner()
         self._whole = ""
@@ -417,7 +418,10 @@ class LiveController:
             return plan, built
         guarded = guard_plan(plan, snap, self.mode.mode)
         self.metrics.set_labelled(self.metrics.multikueue_skipped, guarded.skipped)
-        return hold_unknown(guarded.plan, self._unknown_copies), built
+        held = hold_unknown(guarded.plan, self._unknown_copies)
+        if self.manager_reader is not None:
+            self.metrics.set_labelled(self.metrics.multikueue_held, held.counts)
+        return held.plan, built
 
     def stale_caches(self) -> tuple[str, ...]:
         """Workload/ClusterQueue caches older than CACHE_MAX_STALENESS ("workloads 130s")."""

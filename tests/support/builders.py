@@ -82,7 +82,8 @@ def workload_dict(
         owner = ("Job", owner_job)
     if owner:
         kind, owner_name = owner
-        group = {"Job": "batch/v1", "RayJob": "ray.io/v1"}.get(kind, "example.com/v1")
+        group = {"Job": "batch/v1", "RayJob": "ray.io/v1", "JobSet": "jobset.x-k8s.io/v1alpha2",
+                 "Pod": "v1"}.get(kind, "example.com/v1")
         meta["ownerReferences"] = [{"apiVersion": group, "kind": kind, "name": owner_name,
                                     "uid": f"{kind.lower()}-{namespace}-{owner_name}",
                                     "controller": True}]

@@ -25,6 +25,8 @@ from controller.live.api import ADMISSION_CHECKS, WORKLOADS
 from controller.live.diff import PRIORITY, plan_diff
 from controller.live.metrics import Metrics
 from controller.multikueue import (
+    ORIGIN_UNKNOWN,
+    OWNER_NOT_READ,
     classes_from_manager,
     guard_plan,
     hold_unknown,
@@ -294,16 +296,51 @@ def test_a_copy_without_a_known_origin_is_left_unchanged() -> None:
     worker, manager = worker_and_manager({URGENT_ANNOTATION: "true"}, {}, None,
                                          worker_job_ann={APPROVED_ANNOTATION: "true"})
     found = classes_from_manager(worker, lambda _k: None, lambda _n, _m: None)
-    assert found.unknown == {"team-a/w"}
+    assert found.unknown == {"team-a/w": ORIGIN_UNKNOWN}
     assert next(w for w in found.snapshot.workloads if w.name == "w").owner is None
-    plan = hold_unknown(compute_plan(found.snapshot, settings(), NOW), found.unknown)
-    by = {d.key: d for d in plan.decisions}
+    held = hold_unknown(compute_plan(found.snapshot, settings(), NOW), found.unknown)
+    assert held.counts == {ORIGIN_UNKNOWN: 1}
+    by = {d.key: d for d in held.plan.decisions}
     assert by["team-a/w"].leave_unchanged and "not known" in by["team-a/w"].problems[-1].message
     assert not by["team-a/own"].leave_unchanged
     # a manager Workload whose Job is not known: unknown too (the Job may say approved)
     worker, manager = worker_and_manager({}, {}, {APPROVED_ANNOTATION: "true"})
     wls = {w.key: w for w in manager.workloads}
-    assert classes_from_manager(worker, wls.get, lambda _n, _m: None).unknown == {"team-a/w"}
+    assert classes_from_manager(worker, wls.get, lambda _n, _m: None).unknown == {
+        "team-a/w": ORIGIN_UNKNOWN}
+
+
+def test_a_copy_of_a_jobset_is_left_unchanged_and_a_pod_groups_is_planned() -> None:
+    """The manager Workload of a JobSet (or RayJob, ...: kinds whose objects carry the class)
+    is owned by an object the controller does not read on the manager: its class is unknown,
+    the copy is left unchanged with a problem naming the reason, counted as owner-not-read
+    (planned as normal it could demote an urgent JobSet whose stand-in priority is urgent's).
+    A pod group's class is on its Workload, which is read: its copy is planned with it."""
+    copies = [workload_dict(n, queue="lq", labels={MULTIKUEUE_ORIGIN_LABEL: "manager-1"},
+                            owner=(kind, f"{n}-owner"), priority=prio)
+              for n, kind, prio in (("js", "JobSet", 1_500_000), ("ray", "RayJob", 0),
+                                    ("pods", "Pod", 0))]
+    worker = build_snapshot(copies)
+    manager = build_snapshot([
+        workload_dict("js", queue="lq", owner=("JobSet", "js-owner"), priority=1_500_000),
+        workload_dict("ray", queue="lq", owner=("RayJob", "ray-owner")),
+        workload_dict("pods", queue="lq", owner=("Pod", "pods-owner"),
+                      annotations={URGENT_ANNOTATION: "true"})])
+    wls = {w.key: w for w in manager.workloads}
+    found = classes_from_manager(worker, wls.get, lambda _n, _m: None)
+    assert found.unknown == {"team-a/js": OWNER_NOT_READ, "team-a/ray": OWNER_NOT_READ}
+    assert class_of(found.snapshot, "pods") is PriorityClass.URGENT
+    plan = compute_plan(found.snapshot, settings(), NOW)
+    held = hold_unknown(plan, found.unknown)
+    assert held.counts == {OWNER_NOT_READ: 2}
+    by = {d.key: d for d in held.plan.decisions}
+    for key in ("team-a/js", "team-a/ray"):
+        assert by[key].leave_unchanged, by[key]
+        assert "batch/v1 Job (JobSet, RayJob" in by[key].problems[-1].message
+    assert not by["team-a/pods"].leave_unchanged
+    # what the plan alone would have done: the urgent-stand-in JobSet copy planned as normal
+    js = next(d for d in plan.decisions if d.key == "team-a/js")
+    assert js.target_priority < 1_500_000 and not js.leave_unchanged
 
 
 def test_the_controllers_own_annotations_on_a_copy_are_kept() -> None:
@@ -378,3 +415,32 @@ def test_live_worker_leaves_copies_alone_while_the_manager_has_no_record_of_them
     assert "annotations" not in stored(worker, "team-b", "copy")["metadata"] or \
         KUEUE_PRIORITY_BOOST_ANNOTATION not in stored(worker, "team-b", "copy")["metadata"][
             "annotations"]
+
+
+def test_live_worker_counts_the_copies_it_holds_by_reason() -> None:
+    """wdrf_multikueue_held_copies{reason}: a JobSet's copy (owner-not-read) and a copy the
+    manager has no record of (origin-unknown), neither written; a Job's copy is written."""
+    from tests.support.fake_cluster import cluster, controller, live_settings, stored, workload
+
+    worker, manager = FakeApi(), FakeApi()
+    cluster(worker)
+    cluster(manager)
+    for name in ("js", "lost", "plain"):
+        obj = workload(worker, "team-a", name)
+        obj["metadata"]["labels"] = {MULTIKUEUE_ORIGIN_LABEL: "manager-1"}
+        worker.put_object(WORKLOADS.item(name, "team-a"), obj)
+    for name in ("js", "plain"):
+        workload(manager, "team-a", name)
+    js = stored(manager, "team-a", "js")
+    js["metadata"]["ownerReferences"] = [{
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "js",
+        "uid": "uid-js", "controller": True}]
+    manager.put_object(WORKLOADS.item("js", "team-a"), js)
+    c = controller(worker, live_settings(), manager=manager)
+    report = c.run_cycle(NOW)
+    assert {ch.ref.name for ch in report.changes} == {"plain"}, report.changes
+    text = generate_latest(c.metrics.registry).decode()
+    assert 'wdrf_multikueue_held_copies{reason="owner-not-read"} 1.0' in text
+    assert 'wdrf_multikueue_held_copies{reason="origin-unknown"} 1.0' in text
+    by = {d.key: d for d in report.plan.decisions}
+    assert "JobSet" in by["team-a/js"].problems[-1].message
