@@ -285,7 +285,16 @@ class Workload:
     # When Kueue last preempted it (Preempted=True, else Evicted=True with reason Preempted):
     # counted against a pool's reclaim budget.
     preempted_at: datetime | None = None
+    # When Kueue admitted it again after a preemption (it then sets Preempted=False with
+    # reason QuotaReserved and this time): the preemption came before.
+    preemption_cleared_at: datetime | None = None
     evicted: bool = False  # Evicted=True now
+
+    @property
+    def last_preemption(self) -> datetime | None:
+        """When a reclaim budget counts its last preemption: the preemption's time, or (once
+        re-admitted) the re-admission's - the safe side, as the preemption came before it."""
+        return self.preempted_at or self.preemption_cleared_at
 
     @property
     def evicting(self) -> bool:

@@ -414,8 +414,8 @@ def _plan_part(pool: str, given: _Inputs, snapshot: ClusterSnapshot, settings: P
         for w in given.workloads:
             if w.quota_reserved and w.reserved_since is not None:
                 instants.append(w.reserved_since.timestamp() + settings.min_runtime)
-            if w.preempted_at is not None:
-                instants.append(w.preempted_at.timestamp() + HOUR)
+            if (at := w.last_preemption) is not None:
+                instants.append(at.timestamp() + HOUR)
     return _Part(
         inputs=given, planned_at=now.timestamp(), instants=tuple(sorted(instants)),
         pending=tuple(pending), admitted=tuple(admitted),

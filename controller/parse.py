@@ -197,12 +197,14 @@ class _Conditions:
     last_eviction: datetime | None
     reserved_since: datetime | None  # the QuotaReserved=True transition
     preempted_at: datetime | None  # Preempted=True, else Evicted=True with reason Preempted
+    preemption_cleared_at: datetime | None  # Preempted=False, reason QuotaReserved (re-admitted)
 
 
 def _conditions(ctx: _Ctx, status: Mapping[str, Any]) -> _Conditions:
     out: dict[str, bool] = {}
     when: dict[str, datetime] = {}
     evicted_by_preemption = False
+    cleared: datetime | None = None
     for i, c in enumerate(_list(status.get("conditions"), "status.conditions")):
         if not isinstance(c, Mapping) or not isinstance(c.get("type"), str):
             ctx.problem(f"status.conditions[{i}]", c, "expected a condition with a type")
@@ -217,12 +219,18 @@ def _conditions(ctx: _Ctx, status: Mapping[str, Any]) -> _Conditions:
                 continue
             if kind == "Evicted":
                 evicted_by_preemption = c.get("reason") == "Preempted"
+        elif kind == "Preempted" and c.get("reason") == "QuotaReserved":
+            try:
+                cleared = _time(c.get("lastTransitionTime"), f"status.conditions[{i}]")
+            except _Bad:
+                continue
     return _Conditions(
         true=out,
         last_eviction=when.get("Evicted") or when.get("Requeued"),
         reserved_since=when.get("QuotaReserved"),
         preempted_at=when.get("Preempted")
         or (when.get("Evicted") if evicted_by_preemption else None),
+        preemption_cleared_at=cleared,
     )
 
 
@@ -323,6 +331,7 @@ def parse_workload(obj: Mapping[str, Any]) -> tuple[Workload | None, list[InputP
             last_eviction=found.last_eviction,
             reserved_since=found.reserved_since if quota_reserved else None,
             preempted_at=found.preempted_at,
+            preemption_cleared_at=found.preemption_cleared_at,
             evicted=conds.get("Evicted", False),
         )
     except _Bad as bad:

@@ -762,8 +762,8 @@ class _Exposer:
         if left is None:
             hour_ago = self.now.timestamp() - 3600.0
             recent = sum(1 for m in (*self.acc.pending, *self.acc.admitted)
-                         if m.pool == pool and m.workload.preempted_at is not None
-                         and m.workload.preempted_at.timestamp() > hour_ago)
+                         if m.pool == pool and (at := m.workload.last_preemption) is not None
+                         and at.timestamp() > hour_ago)
             left = self.budget[pool] = max(0, self.settings.reclaim_budget_per_hour - recent)
         return left
 

@@ -231,16 +231,21 @@ class WdrfKueue(Policy):
         assert isinstance(sim, KueueSim)
         w = self.wl[job.job_id]
         usage = {GPU: Decimal(job.pods * job.gpus_per_pod)}
-        # Kueue sets QuotaReserved=True now and resets a Preempted=True condition to False,
-        # so the parsed Workload has reserved_since = now and no preempted_at.
+        # Kueue sets QuotaReserved=True now and resets a Preempted=True condition to False
+        # (reason QuotaReserved, this time), so the parsed Workload has reserved_since = now,
+        # no preempted_at, and preemption_cleared_at = now if it had been preempted.
         self.wl[job.job_id] = replace(
             w, quota_reserved=True, admitted=True,
             admission=Admission(sim.cq_of_team[job.team], frozen_resources(usage),
                                 MappingProxyType({GPU: FLAVOR})),
             reserved_since=self.epoch + timedelta(seconds=now), preempted_at=None,
+            preemption_cleared_at=(self.epoch + timedelta(seconds=now) if w.preempted_at
+                                   else w.preemption_cleared_at),
         )
         if self.settings.reclaim_enabled:
             heapq.heappush(self.clock_events, now + self.settings.min_runtime)
+            if w.preempted_at is not None:  # the budget counts it an hour from now
+                heapq.heappush(self.clock_events, now + 3600.0)
         self.dirty = True
 
     def on_release(self, job: SimJob, now: float) -> None:

@@ -106,7 +106,9 @@ class World:
         usage = frozen_resources({GPU: w.pod_sets[0].containers[0].resources[GPU]})
         self.workloads[w.key] = replace(
             w, quota_reserved=True, admitted=True, admission=Admission(where, usage),
-            reserved_since=self.now, resource_version=self.version())
+            reserved_since=self.now, resource_version=self.version(), preempted_at=None,
+            # Kueue clears a Preempted=True condition on re-admission, stamped now
+            preemption_cleared_at=self.now if w.preempted_at else w.preemption_cleared_at)
 
     def version(self) -> str:
         self.serial += 1
@@ -263,6 +265,24 @@ def test_reclaim_replans_a_pool_when_a_workload_reaches_min_runtime() -> None:
     planner.plan(world.snapshot(), s, world.now)
     assert planner.replanned == ()
     world.now += timedelta(seconds=2)  # MIN_RUNTIME (600 s) reached
+    planner.plan(world.snapshot(), s, world.now)
+    assert planner.replanned == ("cohort/A",)
+
+
+def test_reclaim_replans_a_pool_when_a_readmitted_preemption_leaves_the_budget() -> None:
+    world = World()
+    world.add("team-0", "q0", 0, 60.0, 1, owned=False)
+    w = next(iter(world.workloads.values()))
+    world.admit(replace(w, preempted_at=world.now - timedelta(hours=2)))
+    s = SETTINGS["reclaim"]
+    planner = IncrementalPlanner()
+    planner.plan(world.snapshot(), s, world.now)
+    world.now += timedelta(seconds=601)  # past MIN_RUNTIME
+    planner.plan(world.snapshot(), s, world.now)
+    world.now += timedelta(seconds=2998)
+    planner.plan(world.snapshot(), s, world.now)
+    assert planner.replanned == ()
+    world.now += timedelta(seconds=2)  # an hour after the re-admission: out of the budget
     planner.plan(world.snapshot(), s, world.now)
     assert planner.replanned == ("cohort/A",)
 

@@ -290,3 +290,15 @@ def test_reservation_and_preemption_times_are_read_from_conditions() -> None:
     obj["status"]["conditions"][1]["reason"] = "PodsReadyTimeout"  # type: ignore[index]
     w, _ = parse_workload(obj)
     assert w is not None and w.preempted_at is None and w.last_eviction is not None
+    assert w.preemption_cleared_at is None and w.last_preemption is None
+    # Admitted again after the preemption: Kueue sets Preempted=False, reason QuotaReserved.
+    obj["status"]["conditions"][1:] = [  # type: ignore[index]
+        {"type": "Evicted", "status": "False", "reason": "QuotaReserved",
+         "lastTransitionTime": "2026-01-01T02:00:00Z"},
+        {"type": "Preempted", "status": "False", "reason": "QuotaReserved",
+         "message": "Previously: Preempted to accommodate a workload",
+         "lastTransitionTime": "2026-01-01T02:00:00Z"}]
+    w, _ = parse_workload(obj)
+    assert w is not None and w.preempted_at is None
+    assert w.preemption_cleared_at is not None and w.preemption_cleared_at.hour == 2
+    assert w.last_preemption == w.preemption_cleared_at

@@ -122,6 +122,13 @@ def test_budget_counts_the_last_hours_preemptions() -> None:
     assert len(exposed(plan_of([*items, evicted], s)[1])) == 1
     old = replace(evicted, preempted_at=NOW - timedelta(minutes=90))
     assert len(exposed(plan_of([*items, old], s)[1])) == 2
+    # Admitted again since (Kueue then clears Preempted=True): still counted, from the
+    # re-admission, until an hour after it.
+    again = replace(running("b9", "team-b", 20 * 60), preemption_cleared_at=NOW - timedelta(
+        minutes=20))
+    assert len(exposed(plan_of([*items, again], s)[1])) == 1
+    again = replace(again, preemption_cleared_at=NOW - timedelta(minutes=61))
+    assert len(exposed(plan_of([*items, again], s)[1])) == 2
 
 
 def test_no_reclaim_while_the_waiting_work_fits() -> None:
