@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from controller.config import MAX_OVERRIDE
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 _UNSIGNED = re.compile(r"^[0-9]{1,10}$")
 _SIGNED = re.compile(r"^-?[0-9]{1,10}$")
 _CLASS_KEYS = (URGENT_ANNOTATION, APPROVED_ANNOTATION)
+_OF_PRIORITY_CLASS = attrgetter("workload_priority_class")
 _POLICY_KEYS = frozenset({
     URGENT_ANNOTATION, APPROVED_ANNOTATION, PRIORITY_OVERRIDE_ANNOTATION,
     BASE_PRIORITY_ANNOTATION, KUEUE_PRIORITY_BOOST_ANNOTATION,
@@ -132,9 +134,9 @@ def stand_in_warnings(workloads: Iterable[Workload], settings: PolicySettings) -
     preempt normal work, while the controller is down."""
     want = {f"wdrf-{c.value}": settings.stand_in_value(c) for c in PriorityClass}
     seen: dict[str, tuple[int, str]] = {}
-    for w in workloads:
+    for w in filter(_OF_PRIORITY_CLASS, workloads):  # (filtered in C: every Workload)
         name = w.priority_class_name
-        if name is None or name not in want or name in seen or not w.workload_priority_class:
+        if name is None or name not in want or name in seen:
             continue
         base = implied_base(w.priority, w.annotations)
         if base is not None and base != want[name]:

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import compress, repeat
-from operator import attrgetter, eq, is_not, itemgetter
+from operator import attrgetter, eq, is_not, itemgetter, not_
 from types import MappingProxyType
 
 from controller.accounting import (
@@ -62,7 +62,13 @@ from controller.domain import (
 )
 from controller.encoding import queued_since, reference, requeue_mode
 from controller.plan import Plan, TeamShare, WorkloadDecision
-from controller.policy import compute_plan, kueue_team_weights, plan_warnings, team_summary
+from controller.policy import (
+    PlanMemo,
+    compute_plan,
+    kueue_team_weights,
+    plan_warnings,
+    team_summary,
+)
 
 __all__ = ["IncrementalPlanner"]
 
@@ -76,6 +82,7 @@ _Merged = tuple[tuple[WorkloadDecision, ...], Mapping[tuple[str, str], TeamShare
                 Mapping[str, TeamShare]]
 _FINISHED, _UID = attrgetter("finished"), attrgetter("uid")
 _NAMESPACE, _NAME = attrgetter("namespace"), attrgetter("name")
+_SECOND = itemgetter(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +131,7 @@ class IncrementalPlanner:
         self._pending: list[tuple[PendingKey, WorkloadDecision]] = []  # merged, in order
         self._admitted: list[WorkloadDecision] = []  # merged, by key
         self._split = _Splitter()
+        self._memos: dict[str, PlanMemo] = {}  # per pool
         self.replanned: tuple[str, ...] = ()  # pools planned by the last call
         self.pools = 0  # pools in the last plan
         self.fallback = ""  # why the last call planned the whole snapshot ("" = it did not)
@@ -139,6 +147,7 @@ class IncrementalPlanner:
             self._merged = None
             self._cluster = None
             self._split = _Splitter()
+            self._memos.clear()
             self.fallback = str(why)
             self.replanned, self.pools = ("*",), 0
             return compute_plan(snapshot, settings, now, history)
@@ -176,12 +185,17 @@ class IncrementalPlanner:
         for pool, given in inputs.items():
             part = self._parts.get(pool)
             if part is None or part.inputs != given or not part.valid_at(now_ts):
-                part = _plan_part(pool, given, snapshot, effective, now)
+                memo = self._memos.get(pool)
+                if memo is None:
+                    memo = self._memos[pool] = PlanMemo()
+                part = _plan_part(pool, given, snapshot, effective, now, memo)
                 replanned.append(pool)
             parts[pool] = part
         if replanned or parts.keys() != self._parts.keys() or self._merged is None:
             self._merged = self._merge(parts)
         self._parts = parts
+        for gone in self._memos.keys() - parts.keys():
+            del self._memos[gone]
         self.replanned, self.pools = tuple(sorted(replanned)), len(parts)
         decisions, shares, teams = self._merged
         warnings = plan_warnings(
@@ -211,11 +225,14 @@ class IncrementalPlanner:
             pending = [entry for part in parts.values() for entry in part.pending]
             admitted = [d for part in parts.values() for d in part.admitted]
         else:
+            # (filtered in C: this runs every cycle in which a pool changed)
             drop = {id(d) for part in gone for _key, d in part.pending}
-            pending = [e for e in self._pending if id(e[1]) not in drop]
+            pending = list(compress(self._pending, map(not_, map(
+                drop.__contains__, map(id, map(_SECOND, self._pending))))))
             pending += [entry for pool in fresh for entry in parts[pool].pending]
             drop = {id(d) for part in gone for d in part.admitted}
-            admitted = [d for d in self._admitted if id(d) not in drop]
+            admitted = list(compress(self._admitted, map(not_, map(
+                drop.__contains__, map(id, self._admitted)))))
             admitted += [d for pool in fresh for d in parts[pool].admitted]
         pending.sort(key=itemgetter(0))
         admitted.sort(key=attrgetter("key"))
@@ -385,16 +402,16 @@ class _Splitter:
 
 
 def _plan_part(pool: str, given: _Inputs, snapshot: ClusterSnapshot, settings: PolicySettings,
-               now: datetime) -> _Part:
+               now: datetime, memo: PlanMemo) -> _Part:
     sub = ClusterSnapshot(
         workloads=given.workloads, cluster_queues=given.queues, local_queues=given.local_queues,
         jobs=given.jobs, owners=given.owners, problems=given.problems,
         observed=snapshot.observed, requeue_timestamp=snapshot.requeue_timestamp,
         quota_check=snapshot.quota_check,
     )
-    plan = compute_plan(sub, settings, now)
+    plan = compute_plan(sub, settings, now, memo=memo)
     mode = requeue_mode(snapshot.requeue_timestamp, settings)
-    by_key = {w.key: w for w in given.workloads}
+    by_key: dict[str, Workload] = {}
     pending: list[tuple[PendingKey, WorkloadDecision]] = []
     admitted: list[WorkloadDecision] = []
     unknown = 0
@@ -408,6 +425,8 @@ def _plan_part(pool: str, given: _Inputs, snapshot: ClusterSnapshot, settings: P
             pending.append(((-d.target_priority, b.queued_since, d.uid), d))
         else:  # left unchanged: ordered by what Kueue has now (`policy.kueue_priority`)
             current = (d.current_priority or 0) + (d.current_boost or 0)
+            if not by_key:
+                by_key = {w.key: w for w in given.workloads}
             pending.append(((-current, queued_since(by_key[d.key], mode), d.uid), d))
     instants: list[float] = []
     if settings.reclaim_enabled:

@@ -101,7 +101,7 @@ from controller.plan import (
     parse_terms,
 )
 
-__all__ = ["clamp_int32", "compute_plan", "implied_base"]
+__all__ = ["PlanMemo", "clamp_int32", "compute_plan", "implied_base"]
 
 PoolTeam = tuple[str, str]
 # The priority-terms `state` of an exposed admitted Workload, per reason.
@@ -276,7 +276,7 @@ def _previous(w: Workload, pool: str, team: str, levels: int) -> tuple[int | Non
 
 def account(
     g: Gathered, snapshot: ClusterSnapshot, settings: PolicySettings, now: datetime,
-    history: UsageHistory | None,
+    history: UsageHistory | None, memo: PlanMemo | None = None,
 ) -> Accounts:
     inventory, _ = gpu_inventory(snapshot.nodes, settings, now)
     card_mib = card_memory(inventory, settings)
@@ -285,6 +285,8 @@ def account(
     pool_by_cq = {name: pool_of(cq) for name, cq in g.queues.items()}
 
     by_label = settings.team_source is TeamSource.LABEL
+    known = memo.usage if memo is not None else None
+    used: dict[int, tuple[Workload, float | None, Vector]] = {}
     pending: list[Member] = []
     admitted: list[Member] = []
     current: dict[PoolTeam, Vector] = {}
@@ -305,11 +307,18 @@ def account(
         if w.quota_reserved:
             admitted.append(member)
             acc_vec = current.setdefault((pool, team), {})
-            for dim, q in admitted_usage(w, card_mib).items():
+            held = known.get(id(w)) if known else None
+            if held is None or held[0] is not w or held[1] != card_mib:
+                held = (w, card_mib, admitted_usage(w, card_mib))
+            if memo is not None:
+                used[id(w)] = held
+            for dim, q in held[2].items():
                 acc_vec[dim] = acc_vec.get(dim, 0.0) + q
         else:
             pending.append(member)
 
+    if memo is not None:
+        memo.usage = used
     usage: Mapping[PoolTeam, Mapping[str, float]] = current
     new_history: UsageHistory | None = None
     if settings.usage_half_life > 0:
@@ -437,6 +446,7 @@ class _Demands:
 
 def score_pending(
     acc: Accounts, g: Gathered, snapshot: ClusterSnapshot, settings: PolicySettings, now: datetime,
+    memo: PlanMemo | None = None,
 ) -> list[Scored]:
     """Score every pending Workload. Fairness is DRF's progressive filling: a Workload's level
     comes from the weighted dominant share its team will have when this Workload's turn comes -
@@ -449,10 +459,24 @@ def score_pending(
     hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
     out: list[Scored] = []
     teams: dict[PoolTeam, list[Scored]] = {}
+    seen = memo.read_workloads((settings, acc.card_mib, mode, snapshot.quota_check)) \
+        if memo is not None else None
+    kept: dict[int, _WorkloadMemo] = {}
     for m in acc.pending:
         w, job = m.workload, m.job
+        parse_problems = g.workload_problems.get((w.namespace, w.name), ()) \
+            if g.workload_problems else ()
+        held_by = g.queues.get(m.cluster_queue or "")
+        found = seen.get(id(w)) if seen else None
+        if found is not None and found[0] is w and found[1] is job and found[2] == (
+                parse_problems, m.cluster_queue, held_by):
+            s = Scored(m, *found[3])
+            if found[4]:
+                teams.setdefault((m.pool, m.team), []).append(s)
+            kept[id(w)] = found
+            out.append(s)
+            continue
         c = classify(w, job)
-        parse_problems = g.workload_problems.get((w.namespace, w.name), ())
         problems: list[InputProblem] = [*parse_problems, *c.problems]
         blocking = c.blocking or bool(parse_problems)
         for prob, is_blocking in resource_problems(w, settings):
@@ -460,21 +484,111 @@ def score_pending(
             blocking = blocking or is_blocking
         hami, p = decide_hami(w, job if isinstance(job, JobInfo) else None, c.priority_class,
                               m.cluster_queue, settings, acc.card_mib, hami_cache)
-        hami = check_fraction(hami, g.queues.get(m.cluster_queue or ""), snapshot.quota_check)
+        hami = check_fraction(hami, held_by, snapshot.quota_check)
         # A bad scheduling hint is reported and ignored (no HAMi write); it never freezes the
         # priority: the class still follows the annotations (a withdrawn approval lowers it).
         problems += p
-        s = Scored(m, c, tuple(problems), hami, queued_since(w, mode), kueue_priority(w, c),
-                   c.current_boost or 0, None, "")
+        fields = (c, tuple(problems), hami, queued_since(w, mode), kueue_priority(w, c),
+                  c.current_boost or 0, None, "")
+        s = Scored(m, *fields)
         out.append(s)
         if not blocking:
             teams.setdefault((m.pool, m.team), []).append(s)
+        if memo is not None:
+            kept[id(w)] = (w, job, (parse_problems, m.cluster_queue, held_by), fields,
+                           not blocking)
+    if memo is not None:
+        memo.keep_workloads(kept)
     demands = _Demands(acc)
     classes = _ClassTerms(settings)
-    for (pool, team), queue in teams.items():
+    ref = reference(now, settings.rebase_period)
+    scored_teams = memo.read_teams((settings, acc.card_mib, ref)) if memo is not None else None
+    kept_teams: dict[PoolTeam, _TeamMemo] = {}
+    for pt, queue in teams.items():
+        pool, team = pt
+        given = tuple(queue)
+        inputs = (acc.usage.get(pt), acc.capacity.get(pool), acc.total_weight.get(pool),
+                  acc.shares[pt].dominant_resource, acc.shares[pt].dominant_share)
+        hit = scored_teams.get(pt) if scored_teams else None
+        if hit is not None and hit[1] == inputs and len(hit[0]) == len(given) and all(
+                map(_same_scored, hit[0], given)):
+            for s, result in zip(given, hit[2], strict=True):
+                (s.demand, s.share, s.breakdown, s.target, s.boost, s.problems, s.previous,
+                 s.terms, s.suffix) = result
+            kept_teams[pt] = hit
+            continue
+        before = tuple(map(_scored_inputs, given)) if memo is not None else ()
         queue.sort(key=_team_order_key)
         _score_team(pool, team, queue, acc, demands, classes, settings, now)
+        if memo is not None:
+            kept_teams[pt] = (before, inputs, tuple(
+                (s.demand, s.share, s.breakdown, s.target, s.boost, s.problems, s.previous,
+                 s.terms, s.suffix) for s in given))
+    if memo is not None:
+        memo.keep_teams(kept_teams)
     return out
+
+
+def _scored_inputs(s: Scored) -> tuple[object, ...]:
+    """What `_score_team` reads of one Workload (its Scored before scoring)."""
+    return (s.member, s.classified, s.problems, s.since, s.target)
+
+
+def _same_scored(old: tuple[object, ...], s: Scored) -> bool:
+    return (old[0] is s.member or old[0] == s.member) and old[1] is s.classified \
+        and old[2] is s.problems and old[3] == s.since and old[4] == s.target
+
+
+# One Workload's scoring before its team is scored: (the Workload, its owner, (parse problems,
+# ClusterQueue name, ClusterQueue), Scored's fields after `member`, whether it is scored).
+_WorkloadMemo = tuple[Workload, "JobInfo | OwnerInfo | None", tuple[object, ...],
+                      tuple[Any, ...], bool]
+# One team's scoring in one pool: (`_scored_inputs` of its queue, in `acc.pending` order; the
+# team's usage, the pool's capacity and W, the team's dominant resource and share; per
+# Workload of the queue, the fields `_score_team` set).
+_TeamMemo = tuple[tuple[tuple[object, ...], ...], tuple[object, ...], tuple[tuple[Any, ...], ...]]
+
+
+# A pending Workload's decision: (the Workload, its Classified, breakdown, HAMi decision and
+# problems, (rank, ClusterQueue, team, boost, priority, terms), the decision).
+_DecisionMemo = tuple[Workload, Classified, "PriorityBreakdown | None", "HamiDecision | None",
+                      tuple[InputProblem, ...], tuple[object, ...], WorkloadDecision]
+
+
+class PlanMemo:
+    """What `compute_plan` worked out in its last call, for the next call of one control loop:
+    a pending Workload's class, problems, HAMi decision and queue time while it is the same
+    object with the same owner object, parse problems and ClusterQueue; a team's scores while
+    its queue holds the same Workloads (as above) and its usage, the pool's capacity and
+    weights are equal. Each part is kept only under the same settings, card memory, requeue
+    mode and Kueue quota check (and, for scores, aging reference). The plan is exactly the
+    one `compute_plan` gives without it (tests/unit/test_incremental.py compares them). Each
+    call keeps only what it read, so the memo holds one snapshot's worth. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._workload_context: object = None
+        self._workloads: dict[int, _WorkloadMemo] = {}
+        self._team_context: object = None
+        self._teams: dict[PoolTeam, _TeamMemo] = {}
+        # Compared field by field, so valid whatever the context.
+        self.decisions: dict[int, _DecisionMemo] = {}
+        self.usage: dict[int, tuple[Workload, float | None, Vector]] = {}  # admitted usage
+
+    def read_workloads(self, context: tuple[object, ...]) -> dict[int, _WorkloadMemo]:
+        if context != self._workload_context:
+            self._workload_context, self._workloads = context, {}
+        return self._workloads
+
+    def keep_workloads(self, kept: dict[int, _WorkloadMemo]) -> None:
+        self._workloads = kept
+
+    def read_teams(self, context: tuple[object, ...]) -> dict[PoolTeam, _TeamMemo]:
+        if context != self._team_context:
+            self._team_context, self._teams = context, {}
+        return self._teams
+
+    def keep_teams(self, kept: dict[PoolTeam, _TeamMemo]) -> None:
+        self._teams = kept
 
 
 def _score_team(
@@ -1075,12 +1189,14 @@ def _exposed(m: Member, c: Classified, acc: Accounts, classes: _ClassTerms, targ
 # order
 
 
-def order(scored: list[Scored]) -> list[WorkloadDecision]:
+def order(scored: list[Scored], memo: PlanMemo | None = None) -> list[WorkloadDecision]:
     """Kueue's order inside a ClusterQueue: higher priority, then earlier queue time, then
     UID; `rank` is the position within the Workload's ClusterQueue."""
     scored.sort(key=lambda s: (-s.target, s.since, s.member.workload.uid))
     position: dict[str | None, int] = {}
     out: list[WorkloadDecision] = []
+    made = memo.decisions if memo is not None else None
+    kept: dict[int, _DecisionMemo] = {}
     for s in scored:
         m, c = s.member, s.classified
         rank = position.get(m.cluster_queue, 0)
@@ -1089,12 +1205,23 @@ def order(scored: list[Scored]) -> list[WorkloadDecision]:
             out.append(_unchanged(m, c, s.problems, admitted=False, rank=rank))
             continue
         w = m.workload
-        out.append(WorkloadDecision(
-            key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=rank,
-            base_priority=c.base, current_priority=w.priority, current_boost=c.current_boost,
-            target_boost=s.boost, target_priority=s.target, breakdown=s.breakdown,
-            hami=s.hami, problems=s.problems, terms=s.terms,
-        ))
+        given = (rank, m.cluster_queue, m.team, s.boost, s.target, s.terms)
+        old = made.get(id(w)) if made else None
+        if old is not None and old[0] is w and old[1] is c and old[2] is s.breakdown \
+                and old[3] is s.hami and old[4] is s.problems and old[5] == given:
+            d = old[6]
+        else:
+            d = WorkloadDecision(
+                key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=rank,
+                base_priority=c.base, current_priority=w.priority,
+                current_boost=c.current_boost, target_boost=s.boost, target_priority=s.target,
+                breakdown=s.breakdown, hami=s.hami, problems=s.problems, terms=s.terms,
+            )
+        if memo is not None:
+            kept[id(w)] = (w, c, s.breakdown, s.hami, s.problems, given, d)
+        out.append(d)
+    if memo is not None:
+        memo.decisions = kept
     return out
 
 
@@ -1198,23 +1325,25 @@ def compute_plan(
     settings: PolicySettings,
     now: datetime,
     history: UsageHistory | None = None,
+    memo: PlanMemo | None = None,
 ) -> Plan:
     """Decide every pending, active Workload's priority and HAMi settings, and the guard of
-    every admitted Workload that preemption can reach. Pure and deterministic."""
+    every admitted Workload that preemption can reach. Pure and deterministic: `memo` (one
+    per control loop) only saves recomputing what the last call found (`PlanMemo`)."""
     g = gather(snapshot)
     configured = settings
     kueue_weights, weight_notes = kueue_team_weights(snapshot, settings)
     if settings.weights_from_kueue():
         settings = replace(settings, team_weights=MappingProxyType(kueue_weights))
-    acc = account(g, snapshot, settings, now, history)
-    scored = score_pending(acc, g, snapshot, settings, now)
+    acc = account(g, snapshot, settings, now, history, memo)
+    scored = score_pending(acc, g, snapshot, settings, now, memo)
     keep_order(scored, settings)
     pools = preempting_pools(g.queues.values())
     admitted_classes = {m.workload.key: classify(m.workload, m.job)
                         for m in acc.admitted if m.pool in pools}
     victims = choose_victims(acc, g, scored, settings, now, admitted_classes)
     nudge_takers(scored, victims, settings)
-    decisions = order(scored)
+    decisions = order(scored, memo)
     decisions += guard_admitted(acc, g, settings, now, scored, victims, admitted_classes)
     return Plan(
         now=now,

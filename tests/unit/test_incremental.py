@@ -34,7 +34,7 @@ from controller.domain import (
     frozen_resources,
 )
 from controller.incremental import IncrementalPlanner
-from controller.policy import compute_plan
+from controller.policy import PlanMemo, compute_plan
 from tests.support.builders import NOW, wl
 from tests.support.builders import settings as make_settings
 
@@ -222,6 +222,55 @@ def test_incremental_plans_equal_full_plans_after_every_event(
         assert planner.fallback == ""
         assert incremental == full, (i, event)
         last = full
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_memo_reused_across_cycles_gives_the_plan_without_it(data: st.DataObject) -> None:
+    """One `PlanMemo` through a random event sequence, the settings (and with them the card
+    memory, classes, weights, team scope) switching between cycles: every plan equals the one
+    computed without the memo."""
+    world = World()
+    memo = PlanMemo()
+    last = None
+    for _ in range(data.draw(st.integers(3, 20))):
+        for _ in range(data.draw(st.integers(0, 3))):
+            event = step(data, world, last)
+        s = SETTINGS[data.draw(st.sampled_from(sorted(SETTINGS)))]
+        if data.draw(st.booleans()):
+            s = replace(s, gpu_memory_mib=data.draw(st.sampled_from([None, 16384, 81920])))
+        snap = world.snapshot()
+        full = compute_plan(snap, s, world.now)
+        assert compute_plan(snap, s, world.now, memo=memo) == full, event
+        last = full
+
+
+def test_a_memo_is_dropped_where_a_workload_or_what_it_reads_changes() -> None:
+    """The memo keeps what a Workload object gave; a new object, an owner Job changed, or an
+    input problem on it is read again."""
+    world = World()
+    for i, ns in enumerate(NAMESPACES * 2):
+        world.add(ns, LOCAL[i % 3], 0, 60.0 * i, 1, owned=True)
+    s = Settings()
+    memo = PlanMemo()
+
+    def check() -> None:
+        snap = world.snapshot()
+        assert compute_plan(snap, s, world.now, memo=memo) == compute_plan(snap, s, world.now)
+
+    check()
+    check()  # everything from the memo
+    j = next(iter(world.jobs.values()))
+    world.jobs[f"{j.namespace}/{j.name}"] = replace(j, annotations={URGENT_ANNOTATION: "true"})
+    check()
+    w = next(iter(world.workloads.values()))
+    world.problems = (InputProblem(ObjectRef("Workload", w.name, w.namespace), "spec", "x",
+                                   "bad"),)
+    check()
+    world.workloads[w.key] = replace(w, annotations={APPROVED_ANNOTATION: "true"})
+    check()
+    world.now += timedelta(days=7)  # a rebase: every score moves
+    check()
 
 
 def test_only_the_changed_pool_is_planned_again() -> None:
