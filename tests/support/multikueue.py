@@ -220,10 +220,14 @@ class MultiKueuePlanes:
 
     def hold(self, worker: str, cluster_queue: str, held: bool = True) -> None:
         """Stop (``Hold``: admit nothing new, keep what is admitted) or resume a worker's
-        ClusterQueue, so the Jobs submitted meanwhile land on the other worker."""
-        kube.request(self.workers[worker].api_client(), "PATCH",
-                     kube.kueue_path("clusterqueues", cluster_queue),
-                     {"spec": {"stopPolicy": "Hold" if held else "None"}})
+        ClusterQueue, so the Jobs submitted meanwhile land on the other worker; returns once
+        that worker's Kueue says so (the ClusterQueue's Active condition)."""
+        api = self.workers[worker].api_client()
+        path = kube.kueue_path("clusterqueues", cluster_queue)
+        kube.request(api, "PATCH", path, {"spec": {"stopPolicy": "Hold" if held else "None"}})
+        want = "False" if held else "True"
+        kube.wait_for(lambda: kube.has_condition(kube.request(api, "GET", path), "Active", want),
+                      30, f"{worker}'s ClusterQueue {cluster_queue} Active={want}")
 
 
 def _manager_settings() -> KueueSettings:
