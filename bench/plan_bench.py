@@ -15,7 +15,8 @@ With more ClusterQueues than teams, each team's namespace has a LocalQueue on ev
 `--incremental` also times the live controller's planner (`controller.incremental`): its first
 plan, a steady cycle in which one Workload of one pool changed (a new object, as the informer
 cache gives after an update; a different pool each run), and a cycle in which nothing changed;
-and checks once that its plan equals compute_plan's.
+checks once that its plan equals compute_plan's; then times a cycle after a rebase (every pool
+planned again, each from its memo) and prints the process max RSS with the planner's state.
 """
 
 from __future__ import annotations
@@ -223,6 +224,15 @@ def incremental(snap: ClusterSnapshot, settings: Settings, runs: int, full: Plan
           f"(pools replanned per run: {sorted(set(replanned))})")
     print(f"incremental, nothing changed: median {statistics.median(still) * 1000:.1f} ms, "
           f"CPU {statistics.median(still_cpu) * 1000:.1f} ms; equal to compute_plan: {same}")
+    # A rebase moves every pending value: every pool is planned again, from the memos.
+    later = NOW + timedelta(seconds=settings.rebase_period)
+    t0, c0 = time.perf_counter(), time.process_time()
+    planner.plan(snap, settings, later)
+    rebase = (time.perf_counter() - t0, time.process_time() - c0)
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"incremental, after a rebase (every pool planned again, {len(planner.replanned)}): "
+          f"{rebase[0] * 1000:.1f} ms (CPU {rebase[1] * 1000:.1f} ms); process max RSS now "
+          f"{rss_kib / 1024:.1f} MiB")
 
 
 def one_pool(snap: ClusterSnapshot, settings: Settings, runs: int) -> None:

@@ -175,8 +175,10 @@ def resource_problems(
     out: list[tuple[InputProblem, bool]] = []
     for ps in workload.pod_sets:
         for c in ps.containers:
+            if _PLAIN_RESOURCES.issuperset(c.resources):  # hot path: nothing to check (in C)
+                continue
             for name, q in c.resources.items():
-                if name in _PLAIN_RESOURCES:  # hot path: nothing to check
+                if name in _PLAIN_RESOURCES:
                     continue
                 if name == GPUMEM:
                     if q == q.to_integral_value() and 0 <= q <= MAX_GPUMEM_MIB:

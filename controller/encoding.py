@@ -105,21 +105,22 @@ def iso(ts: datetime) -> str:
 
 
 _ZERO = timedelta(0)
+_CLASS_NAME = {c: c.value for c in PriorityClass}  # (an enum's .value is slow in the hot path)
 
 
 def pending_terms(
     cls: PriorityClass, team: str, pool: str, level: int, levels: int, fairness: int,
     since: str, ref: str, base: int, override: int | None, priority: int,
 ) -> str:
-    return (f"{TERMS_VERSION} class={cls.value} team={team} pool={pool} level={level}/{levels}"
-            f" fair={fairness} since={since} ref={ref} base={base}"
+    return (f"{TERMS_VERSION} class={_CLASS_NAME[cls]} team={team} pool={pool}"
+            f" level={level}/{levels} fair={fairness} since={since} ref={ref} base={base}"
             f" override={'-' if override is None else override} priority={priority}")
 
 
 def guard_terms(
     cls: PriorityClass, team: str, pool: str, override: int | None, priority: int
 ) -> str:
-    return (f"{TERMS_VERSION} class={cls.value} team={team} pool={pool} state=admitted"
+    return (f"{TERMS_VERSION} class={_CLASS_NAME[cls]} team={team} pool={pool} state=admitted"
             f" override={'-' if override is None else override} priority={priority}")
 
 
@@ -128,6 +129,6 @@ def exposed_terms(
     over_entitlement: float, priority: int,
 ) -> str:
     """An admitted Workload exposed to preemption by some teams' pending Workloads."""
-    return (f"{TERMS_VERSION} class={cls.value} team={team} pool={pool} state={state}"
+    return (f"{TERMS_VERSION} class={_CLASS_NAME[cls]} team={team} pool={pool} state={state}"
             f" for={','.join(for_teams)} over={over_entitlement:.2f} override=-"
             f" priority={priority}")

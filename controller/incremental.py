@@ -44,6 +44,7 @@ from types import MappingProxyType
 from controller.accounting import (
     UNKNOWN_POOL,
     UsageHistory,
+    Vector,
     capacity_known,
     card_memory,
     gpu_inventory,
@@ -128,10 +129,11 @@ class IncrementalPlanner:
         self._parts: dict[str, _Part] = {}
         self._cluster: tuple[object, ...] | None = None
         self._merged: _Merged | None = None  # the parts' decisions and shares, merged
-        self._pending: list[tuple[PendingKey, WorkloadDecision]] = []  # merged, in order
-        self._admitted: list[WorkloadDecision] = []  # merged, by key
         self._split = _Splitter()
         self._memos: dict[str, PlanMemo] = {}  # per pool
+        self._queues: tuple[object, ...] | None = None  # what the next two were read from
+        self._weights: tuple[dict[str, float], list[str]] = ({}, [])
+        self._capacities: dict[str, Vector] = {}
         self.replanned: tuple[str, ...] = ()  # pools planned by the last call
         self.pools = 0  # pools in the last plan
         self.fallback = ""  # why the last call planned the whole snapshot ("" = it did not)
@@ -157,14 +159,22 @@ class IncrementalPlanner:
     def _plan(self, snapshot: ClusterSnapshot, settings: PolicySettings, now: datetime) -> Plan:
         if settings.usage_half_life > 0:
             raise _Fallback("usage history (USAGE_HALF_LIFE) moves every pool's shares")
-        kueue_weights, weight_notes = kueue_team_weights(snapshot, settings)
+        # Read from the queues alone: kept while they are equal (the same objects, in the
+        # live snapshot, while their resourceVersions are).
+        queues = (snapshot.cluster_queues, snapshot.local_queues, settings)
+        if queues != self._queues:
+            self._queues = queues
+            self._weights = kueue_team_weights(snapshot, settings)
+            self._capacities = pool_capacities(snapshot.cluster_queues, [])[0]
+        kueue_weights, weight_notes = self._weights
         effective = settings
         if settings.weights_from_kueue():
             effective = replace(settings, team_weights=MappingProxyType(kueue_weights))
         inventory, _ = gpu_inventory(snapshot.nodes, effective, now)
         card = card_memory(inventory, effective)
-        capacities, _ = pool_capacities(snapshot.cluster_queues, inventory)
-        if inventory and capacities != pool_capacities(snapshot.cluster_queues, [])[0]:
+        capacities = pool_capacities(snapshot.cluster_queues, inventory)[0] if inventory \
+            else self._capacities
+        if inventory and capacities != self._capacities:
             raise _Fallback("node inventories replace the only pool's GPU quota")
         # Parts are planned without nodes: the card memory they would give comes as a setting.
         own = float(effective.gpu_memory_mib) if effective.gpu_memory_mib else None
@@ -188,11 +198,11 @@ class IncrementalPlanner:
                 memo = self._memos.get(pool)
                 if memo is None:
                     memo = self._memos[pool] = PlanMemo()
-                part = _plan_part(pool, given, snapshot, effective, now, memo)
+                part = _plan_part(pool, given, snapshot, effective, now, memo, part)
                 replanned.append(pool)
             parts[pool] = part
         if replanned or parts.keys() != self._parts.keys() or self._merged is None:
-            self._merged = self._merge(parts)
+            self._merged = _merge(parts)
         self._parts = parts
         for gone in self._memos.keys() - parts.keys():
             del self._memos[gone]
@@ -201,7 +211,8 @@ class IncrementalPlanner:
         warnings = plan_warnings(
             snapshot.cluster_queues, sum(p.unknown for p in parts.values()),
             {team for (_pool, team) in shares}, capacity_known(capacities, effective),
-            (w for w in snapshot.workloads if not w.finished), settings)
+            compress(snapshot.workloads, map(not_, map(_FINISHED, snapshot.workloads))),
+            settings)
         return Plan(
             now=now,
             decisions=decisions,
@@ -213,34 +224,18 @@ class IncrementalPlanner:
             reference=ref,
         )
 
-    def _merge(self, parts: dict[str, _Part]) -> _Merged:
-        """The parts' decisions as `compute_plan` orders them (pending by `policy.order`'s
-        key, then admitted by key), their (pool, team) shares by key, and the teams' summary.
-        The last merge without the parts planned again, and the new parts, are two sorted
-        runs: the sort merges them in linear time."""
-        old = self._parts
-        fresh = [pool for pool, part in parts.items() if old.get(pool) is not part]
-        gone = [part for pool, part in old.items() if parts.get(pool) is not part]
-        if self._merged is None or len(fresh) == len(parts):
-            pending = [entry for part in parts.values() for entry in part.pending]
-            admitted = [d for part in parts.values() for d in part.admitted]
-        else:
-            # (filtered in C: this runs every cycle in which a pool changed)
-            drop = {id(d) for part in gone for _key, d in part.pending}
-            pending = list(compress(self._pending, map(not_, map(
-                drop.__contains__, map(id, map(_SECOND, self._pending))))))
-            pending += [entry for pool in fresh for entry in parts[pool].pending]
-            drop = {id(d) for part in gone for d in part.admitted}
-            admitted = list(compress(self._admitted, map(not_, map(
-                drop.__contains__, map(id, self._admitted)))))
-            admitted += [d for pool in fresh for d in parts[pool].admitted]
-        pending.sort(key=itemgetter(0))
-        admitted.sort(key=attrgetter("key"))
-        self._pending, self._admitted = pending, admitted
-        shares = MappingProxyType(
-            {pt: ts for pool in sorted(parts) for pt, ts in parts[pool].shares})
-        return (*map(itemgetter(1), pending), *admitted), shares, team_summary(shares)
 
+def _merge(parts: dict[str, _Part]) -> _Merged:
+    """The parts' decisions as `compute_plan` orders them (pending by `policy.order`'s key,
+    then admitted by key), their (pool, team) shares by key, and the teams' summary. (Each
+    part is sorted already: the sort merges the runs.)"""
+    pending = [entry for part in parts.values() for entry in part.pending]
+    pending.sort(key=itemgetter(0))
+    admitted = [d for part in parts.values() for d in part.admitted]
+    admitted.sort(key=attrgetter("key"))
+    shares = MappingProxyType(
+        {pt: ts for pool in sorted(parts) for pt, ts in parts[pool].shares})
+    return (*map(itemgetter(1), pending), *admitted), shares, team_summary(shares)
 
 
 def _unique(keys: Iterable[object], what: str) -> None:
@@ -402,7 +397,7 @@ class _Splitter:
 
 
 def _plan_part(pool: str, given: _Inputs, snapshot: ClusterSnapshot, settings: PolicySettings,
-               now: datetime, memo: PlanMemo) -> _Part:
+               now: datetime, memo: PlanMemo, last: _Part | None) -> _Part:
     sub = ClusterSnapshot(
         workloads=given.workloads, cluster_queues=given.queues, local_queues=given.local_queues,
         jobs=given.jobs, owners=given.owners, problems=given.problems,
@@ -411,7 +406,11 @@ def _plan_part(pool: str, given: _Inputs, snapshot: ClusterSnapshot, settings: P
     )
     plan = compute_plan(sub, settings, now, memo=memo)
     mode = requeue_mode(snapshot.requeue_timestamp, settings)
-    by_key: dict[str, Workload] = {}
+    # An identical decision (the memo's) keeps its entry.
+    known = {id(e[1]): e for e in last.pending} if last is not None else {}
+    unchanged = [d for d in plan.decisions if d.breakdown is None and not d.admitted]
+    names = {d.key.partition("/")[2] for d in unchanged}
+    by_key = {w.key: w for w in given.workloads if w.name in names} if names else {}
     pending: list[tuple[PendingKey, WorkloadDecision]] = []
     admitted: list[WorkloadDecision] = []
     unknown = 0
@@ -421,12 +420,13 @@ def _plan_part(pool: str, given: _Inputs, snapshot: ClusterSnapshot, settings: P
             continue
         unknown += d.cluster_queue is None
         b = d.breakdown
-        if b is not None:
+        entry = known.get(id(d))
+        if entry is not None and entry[1] is d:
+            pending.append(entry)
+        elif b is not None:
             pending.append(((-d.target_priority, b.queued_since, d.uid), d))
         else:  # left unchanged: ordered by what Kueue has now (`policy.kueue_priority`)
             current = (d.current_priority or 0) + (d.current_boost or 0)
-            if not by_key:
-                by_key = {w.key: w for w in given.workloads}
             pending.append(((-current, queued_since(by_key[d.key], mode), d.uid), d))
     instants: list[float] = []
     if settings.reclaim_enabled:

@@ -287,6 +287,10 @@ def account(
     by_label = settings.team_source is TeamSource.LABEL
     known = memo.usage if memo is not None else None
     used: dict[int, tuple[Workload, float | None, Vector]] = {}
+    # A team depends on the settings' team source besides the Workload and its owner.
+    members = memo.read_members(settings.team_source, settings.team_label_key,
+                                settings.team_namespaces) if memo is not None else None
+    seen: dict[int, Member] = {}
     pending: list[Member] = []
     admitted: list[Member] = []
     current: dict[PoolTeam, Vector] = {}
@@ -301,8 +305,15 @@ def account(
             continue  # deactivated and pending: not competing, not "present"
         pool = pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
         job = owner_of(w, g)
-        team = team_of(w, settings, job.labels if (by_label and job) else None)
-        member = Member(w, job, team, cq, pool)
+        member = members.get(id(w)) if members else None
+        if member is None or member.workload is not w or member.job is not job \
+                or member.cluster_queue != cq or member.pool != pool:
+            team = team_of(w, settings, job.labels if (by_label and job) else None)
+            member = Member(w, job, team, cq, pool)
+        else:
+            team = member.team
+        if memo is not None:
+            seen[id(w)] = member
         present.add((pool, team))
         if w.quota_reserved:
             admitted.append(member)
@@ -318,7 +329,7 @@ def account(
             pending.append(member)
 
     if memo is not None:
-        memo.usage = used
+        memo.usage, memo.members = used, seen
     usage: Mapping[PoolTeam, Mapping[str, float]] = current
     new_history: UsageHistory | None = None
     if settings.usage_half_life > 0:
@@ -336,9 +347,22 @@ def account(
 
     shares_raw: dict[PoolTeam, TeamShare] = {}
     pool_caps: dict[str, Vector] = {}
+    # A share is kept while the team's usage and the pool's capacity are equal (same settings).
+    known_shares = memo.read_shares(settings) if memo is not None else None
+    kept_shares: dict[PoolTeam, tuple[Mapping[str, float], Vector, TeamShare]] = {}
     for pt in sorted(set(usage) | present):
         cap = pool_caps.setdefault(pt[0], capacities.get(pt[0]) or whole)
-        shares_raw[pt] = team_share(pt[1], usage.get(pt, {}), cap, settings, pt[0])
+        mine_now = usage.get(pt, {})
+        old = known_shares.get(pt) if known_shares else None
+        if old is not None and old[0] == mine_now and old[1] == cap:
+            kept_shares[pt] = old
+            shares_raw[pt] = old[2]
+            continue
+        shares_raw[pt] = team_share(pt[1], mine_now, cap, settings, pt[0])
+        if memo is not None:
+            kept_shares[pt] = (dict(mine_now), dict(cap), shares_raw[pt])
+    if memo is not None:
+        memo.keep_shares(kept_shares)
     active = active_weights(shares_raw, present, settings)
 
     # The team's own level (no hysteresis) is what metrics and the team table show; each
@@ -573,6 +597,25 @@ class PlanMemo:
         # Compared field by field, so valid whatever the context.
         self.decisions: dict[int, _DecisionMemo] = {}
         self.usage: dict[int, tuple[Workload, float | None, Vector]] = {}  # admitted usage
+        self._member_context: object = None
+        self._share_context: object = None
+        self._shares: dict[PoolTeam, tuple[Mapping[str, float], Vector, TeamShare]] = {}
+        self.members: dict[int, Member] = {}
+
+    def read_shares(self, settings: PolicySettings) -> dict[PoolTeam, tuple[
+            Mapping[str, float], Vector, TeamShare]]:
+        if settings != self._share_context:
+            self._share_context, self._shares = settings, {}
+        return self._shares
+
+    def keep_shares(self, kept: dict[PoolTeam, tuple[Mapping[str, float], Vector,
+                                                     TeamShare]]) -> None:
+        self._shares = kept
+
+    def read_members(self, *context: object) -> dict[int, Member]:
+        if context != self._member_context:
+            self._member_context, self.members = context, {}
+        return self.members
 
     def read_workloads(self, context: tuple[object, ...]) -> dict[int, _WorkloadMemo]:
         if context != self._workload_context:
@@ -1209,14 +1252,15 @@ def order(scored: list[Scored], memo: PlanMemo | None = None) -> list[WorkloadDe
         old = made.get(id(w)) if made else None
         if old is not None and old[0] is w and old[1] is c and old[2] is s.breakdown \
                 and old[3] is s.hami and old[4] is s.problems and old[5] == given:
-            d = old[6]
-        else:
-            d = WorkloadDecision(
-                key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=rank,
-                base_priority=c.base, current_priority=w.priority,
-                current_boost=c.current_boost, target_boost=s.boost, target_priority=s.target,
-                breakdown=s.breakdown, hami=s.hami, problems=s.problems, terms=s.terms,
-            )
+            kept[id(w)] = old
+            out.append(old[6])
+            continue
+        d = WorkloadDecision(
+            key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=rank,
+            base_priority=c.base, current_priority=w.priority,
+            current_boost=c.current_boost, target_boost=s.boost, target_priority=s.target,
+            breakdown=s.breakdown, hami=s.hami, problems=s.problems, terms=s.terms,
+        )
         if memo is not None:
             kept[id(w)] = (w, c, s.breakdown, s.hami, s.problems, given, d)
         out.append(d)
