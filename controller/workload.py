@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.domain import (
@@ -390,6 +390,8 @@ class PriorityTarget:
     priority: int  # the effective priority Kueue should see
     boost: int  # boost mode: the priority-boost annotation value
     terms: str = ""  # the priority-terms annotation to write with it ("" = none)
+    # Planned for a Workload that held no quota: written only while it still holds none.
+    pending: bool = False
 
 
 _ANNOTATIONS = pointer("metadata", "annotations")
@@ -464,12 +466,25 @@ def priority_patch(wl: Mapping[str, Any], mode: PriorityMode,
       boost mode is removed.
     * In both modes the terms go in the same patch whenever the priority is written; every
       patch is a `compare_and_swap`: the UID and the read value of every field it replaces
-      are tested first."""
+      are tested first.
+    * A pending target is written only while the Workload holds no quota (a `test` of
+      `status.admission` as read; none once it has one): Kueue may admit it between the read
+      and the write, and a pending value - lower than the one Kueue admitted it at - would
+      let a Workload of its own class preempt it before the next plan guards it."""
+    if target.pending and (wl.get("status") or {}).get("admission"):
+        return None  # admitted since the plan read it: the next plan sees it admitted
     if mode is PriorityMode.BOOST:
-        return _boost_patch(wl, target)
-    if mode is PriorityMode.SPEC:
-        return _spec_patch(wl, target)
-    raise ValueError(f"priority mode {mode} must be resolved before diffing")
+        patch = _boost_patch(wl, target)
+    elif mode is PriorityMode.SPEC:
+        patch = _spec_patch(wl, target)
+    else:
+        raise ValueError(f"priority mode {mode} must be resolved before diffing")
+    if patch is None or not target.pending:
+        return patch
+    path, value = read_at(wl, "/status/admission")
+    at = 1 if patch.ops and patch.ops[0].get("path") == "/metadata/uid" else 0
+    ops = [*patch.ops[:at], {"op": "test", "path": path, "value": value}, *patch.ops[at:]]
+    return replace(patch, ops=ops)
 
 
 def _boost_patch(wl: Mapping[str, Any], target: PriorityTarget) -> PriorityPatch | None:

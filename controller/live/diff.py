@@ -140,7 +140,7 @@ def diff_priority(
     if decision.leave_unchanged:
         return None
     target = PriorityTarget(decision.base_priority, decision.target_priority,
-                            decision.target_boost, decision.terms)
+                            decision.target_boost, decision.terms, pending=not decision.admitted)
     patch = priority_patch(workload, mode, target)
     if patch is None:
         return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -54,7 +55,7 @@ def workload(
 ) -> dict[str, Any]:
     wl: dict[str, Any] = {
         "metadata": {"name": "wl", "namespace": "team-a", "uid": "u1", "resourceVersion": "7"},
-        "spec": {"queueName": "lq"},
+        "spec": {"queueName": "lq"}, "status": {},
     }
     if priority is not None:
         wl["spec"]["priority"] = priority
@@ -95,6 +96,8 @@ def apply(obj: dict[str, Any], change: Any) -> dict[str, Any]:
 
 
 UID_TEST = {"op": "test", "path": "/metadata/uid", "value": "u1"}
+# A pending decision is written only while the Workload still holds no quota.
+PENDING_TEST = {"op": "test", "path": "/status/admission", "value": None}
 
 
 def test_boost_mode_writes_only_the_boost_annotation_for_this_uid() -> None:
@@ -102,7 +105,7 @@ def test_boost_mode_writes_only_the_boost_annotation_for_this_uid() -> None:
     assert change is not None
     assert change.content_type == JSON_PATCH
     assert change.body == [
-        UID_TEST,
+        UID_TEST, PENDING_TEST,
         {"op": "test", "path": "/metadata/annotations", "value": None},  # still none
         {"op": "add", "path": "/metadata/annotations", "value": {}},
         {"op": "add", "path": "/metadata/annotations/kueue.x-k8s.io~1priority-boost",
@@ -143,7 +146,7 @@ def test_boost_zero_removes_the_annotation_and_absent_is_steady() -> None:
     wl = workload(annotations={KUEUE_PRIORITY_BOOST_ANNOTATION: "500"})
     change = diff_priority(decision(boost=0), wl, WORKLOADS, PriorityMode.BOOST)
     assert change is not None
-    assert change.body == [UID_TEST, {
+    assert change.body == [UID_TEST, PENDING_TEST, {
         "op": "test", "path": "/metadata/annotations/kueue.x-k8s.io~1priority-boost",
         "value": "500"}, {
         "op": "remove", "path": "/metadata/annotations/kueue.x-k8s.io~1priority-boost"}]
@@ -170,7 +173,8 @@ def test_spec_mode_tests_the_old_value_and_remembers_the_base() -> None:
     change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.SPEC)
     assert change is not None
     assert change.content_type == JSON_PATCH
-    assert change.body[:2] == [UID_TEST, {"op": "test", "path": "/spec/priority", "value": 10}]
+    assert change.body[:3] == [UID_TEST, PENDING_TEST,
+                               {"op": "test", "path": "/spec/priority", "value": 10}]
     after = apply(wl, change)
     assert after["spec"]["priority"] == 510
     assert after["metadata"]["annotations"][BASE_PRIORITY_ANNOTATION] == "10"
@@ -183,7 +187,7 @@ def test_spec_mode_reasserts_after_kueue_reset() -> None:
                                             APPLIED_PRIORITY_ANNOTATION: "510"})
     change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.SPEC)
     assert change is not None
-    assert [op["op"] for op in change.body] == ["test", "test", "add"]
+    assert [op["op"] for op in change.body] == ["test", "test", "test", "add"]
     assert apply(wl, change)["spec"]["priority"] == 510
 
 
@@ -191,7 +195,8 @@ def test_spec_mode_writes_the_applied_priority_in_the_same_patch() -> None:
     wl = workload(priority=10, annotations={BASE_PRIORITY_ANNOTATION: "10"})  # from before it
     change = diff_priority(decision(), wl, WORKLOADS, PriorityMode.SPEC)
     assert change is not None
-    assert change.body[:2] == [UID_TEST, {"op": "test", "path": "/spec/priority", "value": 10}]
+    assert change.body[:3] == [UID_TEST, PENDING_TEST,
+                               {"op": "test", "path": "/spec/priority", "value": 10}]
     assert {"op": "test", "path": "/metadata/annotations/wdrf.x-k8s.io~1applied-priority",
             "value": None} in change.body
     assert {"op": "add", "path": "/spec/priority", "value": 510} in change.body
@@ -218,7 +223,7 @@ def test_spec_mode_new_base_rewrites_the_base_annotation() -> None:
                                             APPLIED_PRIORITY_ANNOTATION: "510"})
     change = diff_priority(decision(base=40), wl, WORKLOADS, PriorityMode.SPEC)
     assert change is not None
-    assert change.body[1] == {"op": "test", "path": "/spec/priority", "value": 40}
+    assert change.body[2] == {"op": "test", "path": "/spec/priority", "value": 40}
     after = apply(wl, change)
     assert after["spec"]["priority"] == 540
     assert after["metadata"]["annotations"] == {BASE_PRIORITY_ANNOTATION: "40",
@@ -248,7 +253,7 @@ def test_spec_mode_test_op_fails_when_someone_changed_the_priority() -> None:
         json_patch(moved, change.body)
     again = redo(change, moved)
     assert again is not None
-    assert again.body[1] == {"op": "test", "path": "/spec/priority", "value": 99}
+    assert again.body[2] == {"op": "test", "path": "/spec/priority", "value": 99}
 
 
 def test_spec_mode_back_to_base_drops_the_base_annotation() -> None:
@@ -274,8 +279,8 @@ def test_spec_mode_without_priority_field_tests_that_it_is_still_absent() -> Non
     wl = workload(priority=None)
     change = diff_priority(decision(base=0), wl, WORKLOADS, PriorityMode.SPEC)
     assert change is not None
-    assert [op for op in change.body if op["op"] == "test"][:2] == [
-        UID_TEST, {"op": "test", "path": "/spec/priority", "value": None}]
+    assert [op for op in change.body if op["op"] == "test"][:3] == [
+        UID_TEST, PENDING_TEST, {"op": "test", "path": "/spec/priority", "value": None}]
     assert apply(wl, change)["spec"]["priority"] == 500
 
 
@@ -439,3 +444,22 @@ def test_a_stale_spec_priority_and_a_stale_job_template_fail_too() -> None:
                 "nvidia.com/gpucores"] = "40"
         with pytest.raises(Exception, match="422"):
             json_patch(changed, c.body)
+
+
+def test_a_pending_value_is_never_written_on_a_workload_kueue_admitted_since() -> None:
+    """A Workload admitted between the plan's read and its write keeps the value Kueue admitted
+    it at: the write's `test` of `status.admission` fails, and the re-read finds nothing to
+    do (the next plan sees it admitted and guards it if need be)."""
+    for mode in (PriorityMode.BOOST, PriorityMode.SPEC):
+        wl = workload(priority=10)
+        change = diff_priority(decision(), wl, WORKLOADS, mode)
+        assert change is not None and PENDING_TEST in change.body
+        admitted = copy.deepcopy(wl)
+        admitted["status"]["admission"] = {"clusterQueue": "cq"}
+        with pytest.raises(Exception, match="422"):
+            json_patch(admitted, change.body)
+        assert redo(change, admitted) is None
+        assert diff_priority(decision(), admitted, WORKLOADS, mode) is None
+        # A guard (a decision for an admitted Workload) is written whatever the status.
+        guard = replace(decision(), admitted=True)
+        assert diff_priority(guard, admitted, WORKLOADS, mode) is not None
