@@ -13,8 +13,9 @@ WorkloadPriorityClass (that one is forwarded). Annotation changes are never forw
   copy's spec differ and delete it or overwrite it. Never written. Boost mode stays effective.
 
 On a worker, the controller orders the copies in boost mode, with their classes read from the
-manager: `classes_from_manager` replaces each copy's class annotations (and its owner Job) by
-those of the manager's Workload of the same namespace and name and of that Workload's Job. The
+manager: `classes_from_manager` replaces each copy's class annotations (and its owner Job,
+JobSet, ...) by those of the manager's Workload of the same namespace and name and of that
+Workload's owner. The
 copy's own annotations are a snapshot taken at dispatch that MultiKueue never updates, and on a
 worker they could be set by someone with rights there only; the manager's are current and
 guarded by the manager's admission policy.
@@ -40,6 +41,7 @@ from controller.domain import (
     InputProblem,
     JobInfo,
     ObjectRef,
+    OwnerInfo,
     PriorityMode,
     Workload,
     api_group,
@@ -69,8 +71,8 @@ CLASS_INPUTS = (URGENT_ANNOTATION, APPROVED_ANNOTATION, PRIORITY_OVERRIDE_ANNOTA
 
 # Why a copy's class is unknown (`FromManager.unknown`; the reason label of
 # wdrf_multikueue_held_copies).
-ORIGIN_UNKNOWN = "origin-unknown"  # its manager Workload, or that Workload's Job, is not known
-OWNER_NOT_READ = "owner-not-read"  # its manager Workload's owner is a JobSet, RayJob, ...
+ORIGIN_UNKNOWN = "origin-unknown"  # its manager Workload, or that Workload's owner, is not known
+OWNER_NOT_READ = "owner-not-read"  # its manager Workload's owner is of a kind not read there
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,29 +86,37 @@ def classes_from_manager(
     snapshot: ClusterSnapshot,
     manager_workload: Callable[[str], Workload | None],
     manager_job: Callable[[str, str], JobInfo | None],
+    manager_owner: Callable[[str, ObjectRef], OwnerInfo | None] | None = None,
+    owner_kinds_read: frozenset[str] = frozenset(),
 ) -> FromManager:
     """A worker's snapshot in which every MultiKueue copy carries the class inputs of its
     manager Workload (looked up by "namespace/name") and has that Workload's batch/v1 Job
     (looked up by namespace, name) as its owner; the copy's own class annotations and its
     worker-side Job count for nothing. A copy whose manager Workload, or that Workload's Job,
     is not found is named in `unknown` (`hold_unknown` leaves it unchanged: planning it as
-    normal could demote an urgent one while the manager cannot be read). So is a copy whose
-    manager Workload is owned by another kind whose objects users annotate (OWNER_KINDS: a
-    JobSet, a RayJob, ...): the manager's objects of those kinds are not read, so its class is
-    not known either. (A pod group's class is on its Workload, which is read.) Other Workloads
-    are unchanged."""
+    normal could demote an urgent one while the manager cannot be read). A copy whose manager
+    Workload is owned by another kind whose objects users annotate (OWNER_KINDS: a JobSet, a
+    RayJob, ...) takes that owner on the manager (`manager_owner(namespace, ref)`) where the
+    manager's objects of that kind are read (`owner_kinds_read`, "group/Kind"); where they are
+    not (the manager does not serve the kind, or forbids reading it), its class is not known
+    either. (A pod group's class is on its Workload, which is read.) Other Workloads are
+    unchanged."""
     if not any(is_remote_copy(w) for w in snapshot.workloads):
         return FromManager(snapshot)
     workloads: list[Workload] = []
     unknown: dict[str, str] = {}
     replaced_jobs: set[tuple[str, str]] = set()
     manager_jobs: dict[tuple[str, str], JobInfo] = {}
+    replaced_owners: set[tuple[str, str, str]] = set()
+    manager_owners: dict[tuple[str, str, str], OwnerInfo] = {}
     for w in snapshot.workloads:
         if not is_remote_copy(w):
             workloads.append(w)
             continue
         if w.owner is not None and w.owner.is_batch_job:
             replaced_jobs.add((w.namespace, w.owner.name))
+        elif w.owner is not None:
+            replaced_owners.add((w.namespace, w.owner.kind, w.owner.name))
         origin = manager_workload(w.key)
         ann = {k: v for k, v in w.annotations.items() if k not in CLASS_INPUTS}
         owner: ObjectRef | None = None
@@ -122,19 +132,31 @@ def classes_from_manager(
                 else:
                     owner = origin.owner
                     manager_jobs[(job.namespace, job.name)] = job
-            elif origin.owner is not None and _annotated_owner(origin.owner):
-                unknown[w.key] = OWNER_NOT_READ
+            elif origin.owner is not None and (kind := _annotated_kind(origin.owner)):
+                info = manager_owner(origin.namespace, origin.owner) if (
+                    manager_owner is not None and kind in owner_kinds_read) else None
+                if info is not None:
+                    owner = origin.owner
+                    manager_owners[(info.namespace, info.kind, info.name)] = info
+                else:
+                    unknown[w.key] = (ORIGIN_UNKNOWN if kind in owner_kinds_read
+                                      else OWNER_NOT_READ)
         workloads.append(dataclasses.replace(w, annotations=MappingProxyType(ann), owner=owner))
     jobs = [j for j in snapshot.jobs if (j.namespace, j.name) not in replaced_jobs
             and (j.namespace, j.name) not in manager_jobs]
+    owners = [o for o in snapshot.owners if (key := (o.namespace, o.kind, o.name))
+              not in replaced_owners and key not in manager_owners]
     return FromManager(dataclasses.replace(snapshot, workloads=tuple(workloads),
-                                           jobs=(*jobs, *manager_jobs.values())),
+                                           jobs=(*jobs, *manager_jobs.values()),
+                                           owners=(*owners, *manager_owners.values())),
                        MappingProxyType(unknown))
 
 
-def _annotated_owner(owner: ObjectRef) -> bool:
-    """An owner of a kind whose objects carry the class annotations (besides batch/v1 Job)."""
-    return f"{api_group(owner.api_version)}/{owner.kind}" in OWNER_KINDS
+def _annotated_kind(owner: ObjectRef) -> str:
+    """"group/Kind" of an owner whose objects carry the class annotations (OWNER_KINDS, besides
+    batch/v1 Job), else ""."""
+    kind = f"{api_group(owner.api_version)}/{owner.kind}"
+    return kind if kind in OWNER_KINDS else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,12 +188,13 @@ def hold_unknown(plan: Plan, unknown: Mapping[str, str]) -> Held:
 
 
 _HOLD_MESSAGES = {
-    ORIGIN_UNKNOWN: "a MultiKueue copy whose manager Workload or Job is not known (yet): its "
-                    "class is unknown; left unchanged",
+    ORIGIN_UNKNOWN: "a MultiKueue copy whose manager Workload or its owner is not known (yet): "
+                    "its class is unknown; left unchanged",
     OWNER_NOT_READ: "a MultiKueue copy whose manager Workload is owned by a kind other than a "
-                    "batch/v1 Job (JobSet, RayJob, ...): the class annotations on that object "
-                    "on the manager are not read, so its class is unknown; left unchanged (it "
-                    "keeps its own priority, e.g. the class stand-in it was created with)",
+                    "batch/v1 Job (JobSet, RayJob, ...) that the manager does not serve or "
+                    "lets this controller read: the class annotations on that object are not "
+                    "read, so its class is unknown; left unchanged (it keeps its own priority, "
+                    "e.g. the class stand-in it was created with)",
 }
 
 

@@ -159,8 +159,8 @@ class Metrics:
         self.multikueue_held = Gauge(
             "wdrf_multikueue_held_copies",
             "MultiKueue copies on this worker left unchanged in the last cycle because their "
-            "class is unknown: origin-unknown (manager Workload or Job not found), "
-            "owner-not-read (owned on the manager by a JobSet, RayJob, ...).", ["reason"],
+            "class is unknown: origin-unknown (manager Workload or its owner not found), "
+            "owner-not-read (owned on the manager by a kind not read there).", ["reason"],
             registry=r,
         )
 

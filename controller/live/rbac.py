@@ -88,8 +88,8 @@ def permissions(settings: Settings) -> list[Permission]:
 def manager_permissions(settings: Settings) -> list[Permission]:
     """What the controller on a MultiKueue worker reads on the manager cluster
     (MULTIKUEUE_MANAGER_KUBECONFIG; manifests/multikueue-manager grants it): the manager's
-    Workloads and Kueue-managed Jobs, each kept by a LIST + WATCH; nothing without the
-    setting."""
+    Workloads, Kueue-managed Jobs and owners of the other integrated kinds it serves (JobSets,
+    RayJobs, ...), each kept by a LIST + WATCH; nothing without the setting."""
     if not settings.multikueue_manager_kubeconfig:
         return []
     out: list[Permission] = []
@@ -97,4 +97,9 @@ def manager_permissions(settings: Settings) -> list[Permission]:
         for verb in ("list", "watch"):
             out.append(Permission(group, resource, verb, None,
                                   "classes of the copies' manager Workloads and Jobs"))
+    for owner in owner_resources():  # read only where the manager serves the kind
+        for verb in ("list", "watch"):
+            out.append(Permission(owner.group, owner.plural, verb, None,
+                                  "classes of the copies' manager JobSets, RayJobs, ...",
+                                  required=False))
     return out

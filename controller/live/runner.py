@@ -33,7 +33,15 @@ from datetime import UTC, datetime
 
 from controller.accounting import UsageHistory
 from controller.config import CapacitySourceSetting, Settings
-from controller.domain import JobInfo, KueueApiVersion, ObjectRef, QuotaCheck, Workload
+from controller.domain import (
+    JobInfo,
+    KueueApiVersion,
+    ObjectRef,
+    OwnerInfo,
+    QuotaCheck,
+    Workload,
+    api_group,
+)
 from controller.incremental import IncrementalPlanner
 from controller.live.api import (
     ADMISSION_CHECKS,
@@ -43,6 +51,7 @@ from controller.live.api import (
     NODES,
     PODS,
     WORKLOADS,
+    ApiError,
     CountingTransport,
     GuardedTransport,
     RateLimitedTransport,
@@ -68,6 +77,7 @@ from controller.live.health import Probes
 from controller.live.history import HistoryStore
 from controller.live.leader import LeaderElector, default_identity
 from controller.live.metrics import HttpServer, Metrics
+from controller.live.owners import served_owner_resources
 from controller.live.secure_metrics import SecureMetricsServer, TokenAuthorizer, tls_context
 from controller.live.snapshot import (
     Built,
@@ -196,6 +206,9 @@ class LiveController:
         self.builder = SnapshotBuilder(self.parsers)
         self._manager_wls = ParseCache(self.parsers.workload)
         self._manager_jobs = ParseCache(self.parsers.job)
+        self._manager_owners = ParseCache(self.parsers.owner) if self.parsers.owner else None
+        # owner kinds read on the manager: "group/Kind" -> informer name
+        self._manager_owner_kinds: dict[str, str] = {}
         # copies whose class is unknown -> why (controller.multikueue.ORIGIN_UNKNOWN, ...)
         self._unknown_copies: Mapping[str, str] = {}
         # Replans only the pools whose inputs changed; equal to compute_plan on the whole.
@@ -277,12 +290,30 @@ class LiveController:
                 f"{MANAGER_PREFIX}workloads": WatchSpec(self._resource(WORKLOADS)),
                 f"{MANAGER_PREFIX}jobs": WatchSpec(JOBS, label_selector=JOB_SELECTOR),
             }
+            self._manager_owner_kinds = {}
+            for res in self._manager_owner_resources():  # JobSets, ... there: their classes
+                name = f"{MANAGER_PREFIX}{OWNERS_PREFIX}{res.plural}"
+                manager_specs[name] = WatchSpec(res, label_selector=JOB_SELECTOR)
+                self._manager_owner_kinds[f"{res.group}/{res.kind}"] = name
             for name, spec in manager_specs.items():
                 inf = Informer(self.manager_reader, spec, self.metrics,
                                on_event=self._on_manager_event,
                                watch_timeout=self._watch_timeout)
                 inf.name = name  # its metrics apart from this cluster's
                 self.informers[name] = inf
+
+    def _manager_owner_resources(self) -> list[Resource]:
+        """The owner kinds (JobSet, RayJob, ...) the manager serves, discovered once at start;
+        none while it cannot be reached then (their copies are left unchanged, counted as
+        owner-not-read, until a restart)."""
+        assert self.manager_reader is not None
+        try:
+            self.manager_reader.request("GET", "/apis/kueue.x-k8s.io", timeout=10)
+        except ApiError as e:
+            log.warning("MultiKueue manager not reachable at start-up (%s): class annotations "
+                        "of its JobSets, RayJobs, ... are not read until a restart", e)
+            return []
+        return served_owner_resources(self.manager_reader)
 
     def _on_event(self, kind: str, old: object, new: object) -> None:
         jobs = self.informers.get("jobs")
@@ -388,7 +419,11 @@ class LiveController:
             return built
         self._manager_wls.prune(inf[f"{MANAGER_PREFIX}workloads"].items())
         self._manager_jobs.prune(inf[f"{MANAGER_PREFIX}jobs"].items())
-        found = classes_from_manager(built.snapshot, self._manager_workload, self._manager_job)
+        if self._manager_owners is not None:
+            self._manager_owners.prune([o for name in self._manager_owner_kinds.values()
+                                        for o in inf[name].items()])
+        found = classes_from_manager(built.snapshot, self._manager_workload, self._manager_job,
+                                     self._manager_owner, frozenset(self._manager_owner_kinds))
         self._unknown_copies = found.unknown
         return dataclasses.replace(built, snapshot=found.snapshot)
 
@@ -399,6 +434,13 @@ class LiveController:
     def _manager_job(self, namespace: str, name: str) -> JobInfo | None:
         obj = self.informers[f"{MANAGER_PREFIX}jobs"].get(job_key(namespace, name))
         return self._manager_jobs.get(obj)[0] if obj is not None else None
+
+    def _manager_owner(self, namespace: str, ref: ObjectRef) -> OwnerInfo | None:
+        name = self._manager_owner_kinds.get(f"{api_group(ref.api_version)}/{ref.kind}")
+        obj = self.informers[name].get(job_key(namespace, ref.name)) if name else None
+        if obj is None or self._manager_owners is None:
+            return None
+        return self._manager_owners.get(obj)[0]
 
     def plan(self, now: datetime) -> tuple[Plan, Built]:
         built = self.snapshot()

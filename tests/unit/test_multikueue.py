@@ -4,6 +4,7 @@ that a spec-mode plan never writes spec.priority where MultiKueue would delete t
 from __future__ import annotations
 
 import copy
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -312,7 +313,8 @@ def test_a_copy_without_a_known_origin_is_left_unchanged() -> None:
 
 def test_a_copy_of_a_jobset_is_left_unchanged_and_a_pod_groups_is_planned() -> None:
     """The manager Workload of a JobSet (or RayJob, ...: kinds whose objects carry the class)
-    is owned by an object the controller does not read on the manager: its class is unknown,
+    is owned by an object the controller does not read on the manager (the manager does not
+    serve the kind, or forbids reading it; no manager_owner here): its class is unknown,
     the copy is left unchanged with a problem naming the reason, counted as owner-not-read
     (planned as normal it could demote an urgent JobSet whose stand-in priority is urgent's).
     A pod group's class is on its Workload, which is read: its copy is planned with it."""
@@ -444,3 +446,86 @@ def test_live_worker_counts_the_copies_it_holds_by_reason() -> None:
     assert 'wdrf_multikueue_held_copies{reason="origin-unknown"} 1.0' in text
     by = {d.key: d for d in report.plan.decisions}
     assert "JobSet" in by["team-a/js"].problems[-1].message
+
+
+def test_a_copy_of_a_jobset_takes_the_class_of_the_managers_jobset() -> None:
+    """Where the manager's JobSets are read, a JobSet's copy is planned with the manager
+    JobSet's class (urgent there), not the worker-side JobSet's (approved there); a JobSet the
+    manager has no record of (yet) leaves its copy unchanged as origin-unknown; a kind not read
+    there as owner-not-read."""
+    from controller.domain import OwnerInfo
+
+    copies = [workload_dict(n, queue="lq", labels={MULTIKUEUE_ORIGIN_LABEL: "manager-1"},
+                            owner=(kind, n)) for n, kind in
+              (("js", "JobSet"), ("gone", "JobSet"), ("ray", "RayJob"))]
+    worker_js = OwnerInfo("JobSet", "jobset.x-k8s.io/v1alpha2", "team-a", "js", "worker-uid",
+                          annotations={APPROVED_ANNOTATION: "true"})
+    worker = dataclasses.replace(build_snapshot(copies), owners=(worker_js,))
+    manager = build_snapshot([workload_dict(n, queue="lq", owner=(kind, n)) for n, kind in
+                              (("js", "JobSet"), ("gone", "JobSet"), ("ray", "RayJob"))])
+    js_ref = next(w.owner for w in manager.workloads if w.name == "js")
+    assert js_ref is not None
+    manager_js = OwnerInfo("JobSet", js_ref.api_version, "team-a", "js", js_ref.uid,
+                           annotations={URGENT_ANNOTATION: "true"})
+    wls = {w.key: w for w in manager.workloads}
+
+    def owner(namespace: str, ref: Any) -> OwnerInfo | None:
+        return manager_js if (namespace, ref.kind, ref.name) == ("team-a", "JobSet", "js") \
+            else None
+
+    found = classes_from_manager(worker, wls.get, lambda _n, _m: None, owner,
+                                 frozenset({"jobset.x-k8s.io/JobSet"}))
+    assert found.unknown == {"team-a/gone": ORIGIN_UNKNOWN, "team-a/ray": OWNER_NOT_READ}
+    assert found.snapshot.owners == (manager_js,)
+    plan = compute_plan(found.snapshot, settings(), NOW)
+    d = next(d for d in plan.decisions if d.key == "team-a/js")
+    assert d.breakdown is not None and d.breakdown.priority_class is PriorityClass.URGENT
+
+
+def test_live_worker_reads_the_managers_jobsets_where_the_manager_serves_them() -> None:
+    """The manager serves JobSets: the worker's controller watches them there (read only)
+    and plans the copy of an urgent JobSet as urgent, ahead of an older normal Job's copy."""
+    from controller.live.api import JOBS, Resource
+    from tests.support.fake_cluster import cluster, controller, live_settings, stored, workload
+
+    worker, manager = FakeApi(), FakeApi()
+    cluster(worker)
+    cluster(manager)
+    manager.static["/apis/jobset.x-k8s.io"] = {"kind": "APIGroup", "name": "jobset.x-k8s.io",
+                                              "versions": [{"version": "v1alpha2"}]}
+    manager.static["/apis/jobset.x-k8s.io/v1alpha2"] = {"resources": [{"name": "jobsets"}]}
+    jobsets = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
+    manager.put_object(jobsets.item("train", "team-a"), {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "train", "namespace": "team-a", "uid": "uid-js",
+                     "labels": {"kueue.x-k8s.io/queue-name": "lq"},
+                     "annotations": {URGENT_ANNOTATION: "true"}}})
+    for api in (worker, manager):
+        workload(api, "team-b", "old", minutes_ago=60, owner="old-job")
+        workload(api, "team-a", "train", minutes_ago=1)
+    manager.put_object(JOBS.item("old-job", "team-b"), {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "old-job", "namespace": "team-b", "uid": "uid-old-job",
+                     "labels": {"kueue.x-k8s.io/queue-name": "lq"}, "annotations": {}},
+        "spec": {"template": {"spec": {"containers": []}}}})
+    js = stored(manager, "team-a", "train")
+    js["metadata"]["ownerReferences"] = [{"apiVersion": "jobset.x-k8s.io/v1alpha2",
+                                          "kind": "JobSet", "name": "train", "uid": "uid-js",
+                                          "controller": True}]
+    manager.put_object(WORKLOADS.item("train", "team-a"), js)
+    for ns, name in (("team-b", "old"), ("team-a", "train")):
+        obj = stored(worker, ns, name)
+        obj["metadata"]["labels"] = {MULTIKUEUE_ORIGIN_LABEL: "manager-1"}
+        if name == "train":
+            obj["metadata"]["ownerReferences"] = [{
+                "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "train",
+                "uid": "uid-worker-js", "controller": True}]
+        worker.put_object(WORKLOADS.item(name, ns), obj)
+    c = controller(worker, live_settings(), manager=manager)
+    assert "manager-owners-jobsets" in c.informers
+    report = c.run_cycle(NOW)
+    assert [d.key for d in report.plan.decisions if d.rank == 0] == ["team-a/train"]
+    by = {d.key: d for d in report.plan.decisions}
+    assert not by["team-a/train"].leave_unchanged, by["team-a/train"].problems
+    assert {ch.ref.name for ch in report.changes} == {"old", "train"}
+    assert manager.writes() == []
