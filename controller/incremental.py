@@ -40,6 +40,7 @@ from datetime import datetime
 from itertools import compress, repeat
 from operator import attrgetter, eq, is_not, itemgetter, not_
 from types import MappingProxyType
+from typing import Any
 
 from controller.accounting import (
     UNKNOWN_POOL,
@@ -84,6 +85,7 @@ _Merged = tuple[tuple[WorkloadDecision, ...], Mapping[tuple[str, str], TeamShare
 _FINISHED, _UID = attrgetter("finished"), attrgetter("uid")
 _NAMESPACE, _NAME = attrgetter("namespace"), attrgetter("name")
 _SECOND = itemgetter(1)
+_KIND = attrgetter("kind")
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,19 +267,30 @@ class _Splitter:
         self._held: tuple[Workload, ...] = ()  # the last call's Workloads (keeps their ids)
         self._pools: list[str] = []  # the pool of each, `_NO_POOL` for none
         self._members: dict[str, tuple[Workload, ...]] = {}
+        self._queues: tuple[Any, ...] | None = None  # (ClusterQueues, LocalQueues, maps...)
+        self._owner_keys: dict[str, _OwnerKeys] = {}
 
     def __call__(self, snapshot: ClusterSnapshot) -> tuple[dict[str, _Inputs],
                                                            list[InputProblem]]:
         queues = snapshot.cluster_queues
-        _unique((cq.name for cq in queues), "ClusterQueues")
-        _unique((lq.key for lq in snapshot.local_queues), "LocalQueues")
-        _unique(((j.namespace, j.name) for j in snapshot.jobs), "Jobs")
-        _unique(((o.namespace, o.kind, o.name) for o in snapshot.owners), "owners")
-        pool_by_cq = {cq.name: pool_of(cq) for cq in queues}
-        lq_to_cq = {(lq.namespace, lq.name): lq.cluster_queue for lq in snapshot.local_queues}
-        # The pool of each LocalQueue and ClusterQueue, as `policy.account` assigns Workloads.
-        pool_of_lq = {key: pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
-                      for key, cq in lq_to_cq.items()}
+        if self._queues is None or self._queues[0] != queues \
+                or self._queues[1] != snapshot.local_queues:
+            self._queues = (queues, snapshot.local_queues, *_queue_maps(snapshot))
+        pool_by_cq: dict[str, str] = self._queues[2]
+        pool_of_lq: dict[tuple[str, str], str] = self._queues[3]
+        queues_of: dict[str, tuple[ClusterQueue, ...]] = self._queues[4]
+        local_of: dict[str, tuple[LocalQueue, ...]] = self._queues[5]
+        # Jobs and owners by key, one per key (built in C: they can be as many as Workloads).
+        jobs: dict[tuple[str, ...], JobInfo] = dict(zip(
+            zip(map(_NAMESPACE, snapshot.jobs), map(_NAME, snapshot.jobs), strict=True),
+            snapshot.jobs, strict=True))
+        if len(jobs) != len(snapshot.jobs):
+            _unique(((j.namespace, j.name) for j in snapshot.jobs), "Jobs")
+        owners: dict[tuple[str, ...], OwnerInfo] = dict(zip(
+            zip(map(_NAMESPACE, snapshot.owners), map(_KIND, snapshot.owners),
+                map(_NAME, snapshot.owners), strict=True), snapshot.owners, strict=True))
+        if len(owners) != len(snapshot.owners):
+            _unique(((o.namespace, o.kind, o.name) for o in snapshot.owners), "owners")
         if (pool_by_cq, pool_of_lq) != self._maps:
             self._maps = (pool_by_cq, pool_of_lq)
             self._held, self._pools, self._members = (), [], {}
@@ -357,43 +370,66 @@ class _Splitter:
             else:
                 problems.setdefault(pool_of_problem, []).append(prob)
 
-        queues_of: dict[str, list[ClusterQueue]] = {}
-        for queue in queues:
-            queues_of.setdefault(pool_by_cq[queue.name], []).append(queue)
-        local_of: dict[str, list[LocalQueue]] = {}
-        for lq in snapshot.local_queues:
-            local_of.setdefault(pool_by_cq.get(lq.cluster_queue, UNKNOWN_POOL), []).append(lq)
-        jobs = {(j.namespace, j.name): j for j in snapshot.jobs} if snapshot.jobs else {}
-        owners = ({(o.namespace, o.kind, o.name): o for o in snapshot.owners}
-                  if snapshot.owners else {})
-
         out: dict[str, _Inputs] = {}
+        owner_keys: dict[str, _OwnerKeys] = {}
         for pool, wls in members.items():
-            my_jobs: dict[int, JobInfo] = {}
-            my_owners: dict[int, OwnerInfo] = {}
-            if jobs or owners:
-                for w in wls:
-                    o = w.owner
-                    if o is None:
-                        continue
-                    if o.is_batch_job:
-                        j = jobs.get((w.namespace, o.name))
-                        if j is not None:
-                            my_jobs[id(j)] = j
-                    else:
-                        other = owners.get((w.namespace, o.kind, o.name))
-                        if other is not None:
-                            my_owners[id(other)] = other
+            keys = self._owner_keys.get(pool)
+            if keys is None or keys[0] is not wls:  # its members changed: read their owners
+                keys = (wls, *_owners_of(wls))
+            owner_keys[pool] = keys
             out[pool] = _Inputs(
                 workloads=wls,
                 # `-` is charged against the whole cluster: every ClusterQueue's capacity.
-                queues=queues if pool == UNKNOWN_POOL else tuple(queues_of.get(pool, ())),
-                local_queues=tuple(local_of.get(pool, ())),
-                jobs=tuple(my_jobs.values()),
-                owners=tuple(my_owners.values()),
+                queues=queues if pool == UNKNOWN_POOL else queues_of.get(pool, ()),
+                local_queues=local_of.get(pool, ()),
+                # each found once, in the order its first Workload names it
+                jobs=tuple(filter(None, map(jobs.get, keys[1]))) if jobs else (),
+                owners=tuple(filter(None, map(owners.get, keys[2]))) if owners else (),
                 problems=tuple(problems.get(pool, ())),
             )
+        self._owner_keys = owner_keys
         return out, plan_problems
+
+
+# (the members tuple they were read from, its owner Jobs' keys, its other owners' keys)
+_OwnerKeys = tuple[tuple[Workload, ...], tuple[tuple[str, ...], ...], tuple[tuple[str, ...], ...]]
+
+
+def _owners_of(wls: tuple[Workload, ...]) -> tuple[tuple[tuple[str, ...], ...],
+                                                   tuple[tuple[str, ...], ...]]:
+    """The keys of the Jobs and of the other owners the Workloads name, each once, in order."""
+    jobs: dict[tuple[str, ...], None] = {}
+    others: dict[tuple[str, ...], None] = {}
+    for w in wls:
+        o = w.owner
+        if o is None:
+            continue
+        if o.is_batch_job:
+            jobs[(w.namespace, o.name)] = None
+        else:
+            others[(w.namespace, o.kind, o.name)] = None
+    return tuple(jobs), tuple(others)
+
+
+def _queue_maps(snapshot: ClusterSnapshot) -> tuple[
+        dict[str, str], dict[tuple[str, str], str], dict[str, tuple[ClusterQueue, ...]],
+        dict[str, tuple[LocalQueue, ...]]]:
+    """From the queues alone: each ClusterQueue's pool, each LocalQueue's pool (as
+    `policy.account` assigns Workloads), and each pool's ClusterQueues and LocalQueues."""
+    queues = snapshot.cluster_queues
+    _unique((cq.name for cq in queues), "ClusterQueues")
+    _unique((lq.key for lq in snapshot.local_queues), "LocalQueues")
+    pool_by_cq = {cq.name: pool_of(cq) for cq in queues}
+    pool_of_lq = {(lq.namespace, lq.name): pool_by_cq.get(lq.cluster_queue, UNKNOWN_POOL)
+                  if lq.cluster_queue else UNKNOWN_POOL for lq in snapshot.local_queues}
+    queues_of: dict[str, list[ClusterQueue]] = {}
+    for queue in queues:
+        queues_of.setdefault(pool_by_cq[queue.name], []).append(queue)
+    local_of: dict[str, list[LocalQueue]] = {}
+    for lq in snapshot.local_queues:
+        local_of.setdefault(pool_by_cq.get(lq.cluster_queue, UNKNOWN_POOL), []).append(lq)
+    return (pool_by_cq, pool_of_lq, {p: tuple(q) for p, q in queues_of.items()},
+            {p: tuple(q) for p, q in local_of.items()})
 
 
 def _plan_part(pool: str, given: _Inputs, snapshot: ClusterSnapshot, settings: PolicySettings,

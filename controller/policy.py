@@ -598,6 +598,9 @@ class PlanMemo:
         self.decisions: dict[int, _DecisionMemo] = {}
         self.usage: dict[int, tuple[Workload, float | None, Vector]] = {}  # admitted usage
         self._member_context: object = None
+        # An admitted Workload's Classified, by id: (Workload, owner, key, Classified).
+        self.admitted: dict[int, tuple[Workload, JobInfo | OwnerInfo | None, str,
+                                       Classified]] = {}
         self._share_context: object = None
         self._shares: dict[PoolTeam, tuple[Mapping[str, float], Vector, TeamShare]] = {}
         self.members: dict[int, Member] = {}
@@ -757,6 +760,27 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
         s.breakdown = replace(b, priority=current, fairness_level=s.previous,
                               fairness_term=level_points(s.previous, settings),
                               clamped=clamped)
+
+
+def _admitted_classes(acc: Accounts, pools: frozenset[str],
+                      memo: PlanMemo | None) -> dict[str, Classified]:
+    """By key, what the annotations say of each admitted Workload of a pool where preemption
+    can reach it (from the memo while the Workload and its owner are the same objects)."""
+    known = memo.admitted if memo is not None else {}
+    kept: dict[int, tuple[Workload, JobInfo | OwnerInfo | None, str, Classified]] = {}
+    out: dict[str, Classified] = {}
+    for m in acc.admitted:
+        if m.pool not in pools:
+            continue
+        w, job = m.workload, m.job
+        hit = known.get(id(w))
+        if hit is None or hit[0] is not w or hit[1] is not job:
+            hit = (w, job, w.key, classify(w, job))
+        kept[id(w)] = hit
+        out[hit[2]] = hit[3]
+    if memo is not None:
+        memo.admitted = kept
+    return out
 
 
 def preempting_pools(queues: Iterable[ClusterQueue]) -> frozenset[str]:
@@ -1383,8 +1407,7 @@ def compute_plan(
     scored = score_pending(acc, g, snapshot, settings, now, memo)
     keep_order(scored, settings)
     pools = preempting_pools(g.queues.values())
-    admitted_classes = {m.workload.key: classify(m.workload, m.job)
-                        for m in acc.admitted if m.pool in pools}
+    admitted_classes = _admitted_classes(acc, pools, memo)
     victims = choose_victims(acc, g, scored, settings, now, admitted_classes)
     nudge_takers(scored, victims, settings)
     decisions = order(scored, memo)
