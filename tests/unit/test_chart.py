@@ -218,6 +218,8 @@ def test_every_config_key_in_camel_case_reaches_the_config_file(helm: str) -> No
     (("replicas=0",), "replicas"),
     (("image.pullPolicy=Sometimes",), "pullPolicy"),
     (("agent.nodeSelektor.a=b",), "nodeSelektor"),
+    (("multikueue.managerKubeconfigSecrett=x",), "managerKubeconfigSecrett"),
+    (("multikueue.managerKubeconfigSecret={a,b}",), "managerKubeconfigSecret"),
     (("config.approvedPreemptsNormal=maybe",), "approvedPreemptsNormal"),
 ])
 @pytest.mark.tools
@@ -353,3 +355,76 @@ def test_the_readme_names_only_real_values() -> None:
                 break
             assert isinstance(node, dict) and part in node, f"README names {path}"
             node = node[part]
+
+
+MK_SECRET = "multikueue.managerKubeconfigSecret"
+
+
+def _controller(objs: list[Obj]) -> Obj:
+    return next(o for o in objs if gen_chart.key(o) == ("Deployment", "wdrf-controller"))
+
+
+@pytest.mark.tools
+def test_multikueue_secret_renders_the_multikueue_worker_component(
+    helm: str, renders: dict[str, list[Obj]], tmp_path: Path
+) -> None:
+    component = gen_chart.with_component(gen_chart.MULTIKUEUE_WORKER)
+    component_dep = _controller(component)["spec"]["template"]["spec"]
+    secret = next(v for v in component_dep["volumes"] if "secret" in v)["secret"]["secretName"]
+    chart = normalize(template(helm, f"{MK_SECRET}={secret}"))
+    kust = normalize(component)
+    assert chart == kust, diff(chart, kust)  # only the Deployment differs from the base
+    assert chart[("Deployment", "wdrf-controller")] != normalize(renders["main"])[
+        ("Deployment", "wdrf-controller")]
+    # another Secret name reaches the volume, nothing else moves
+    dep = _controller(template(helm, f"{MK_SECRET}=mk-reader"))
+    kubernetes_validate.validate(dep, K8S_VERSION, strict=True)
+    pod = dep["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == "mk-reader"
+    assert volume["secret"]["items"] == [{"key": "kubeconfig", "path": "kubeconfig"}]
+    (c,) = pod["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    # the controller the chart configures reads the mounted kubeconfig, in boost mode
+    cm = next(o for o in template(helm, f"{MK_SECRET}=mk-reader") if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"] == "wdrf-controller-config")
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    settings = load_settings(path, env={e["name"]: e["value"] for e in c["env"] if "value" in e})
+    assert settings.multikueue_manager_kubeconfig == (
+        f"{mount['mountPath']}/{volume['secret']['items'][0]['path']}")
+    assert settings.priority_mode.value == "boost"
+    # with metrics over HTTPS too: both Components' volumes, mounts and settings
+    both = _controller(template(helm, f"{MK_SECRET}=mk-reader", "metrics.https.enabled=true"))
+    kubernetes_validate.validate(both, K8S_VERSION, strict=True)
+    https = _controller(gen_chart.with_component(gen_chart.SECURE_METRICS))
+    both_c, https_c = both["spec"]["template"]["spec"]["containers"][0], https["spec"][
+        "template"]["spec"]["containers"][0]
+    mk_env = [e for e in c["env"] if e["name"] in ("MULTIKUEUE_MANAGER_KUBECONFIG",
+                                                     "PRIORITY_MODE")]
+    assert both_c["env"] == mk_env + https_c["env"]
+    assert both_c["volumeMounts"] == [mount] + https_c["volumeMounts"]
+    assert [v["name"] for v in both["spec"]["template"]["spec"]["volumes"]] == [
+        volume["name"]] + [v["name"] for v in https["spec"]["template"]["spec"]["volumes"]]
+
+
+@pytest.mark.tools
+def test_multikueue_is_off_by_default(helm: str) -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["multikueue"] == {"managerKubeconfigSecret": ""}
+    pod = _controller(template(helm))["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if "secret" in v]
+    assert not {"MULTIKUEUE_MANAGER_KUBECONFIG", "PRIORITY_MODE"} & {
+        e["name"] for e in pod["containers"][0]["env"]}
+
+
+@pytest.mark.tools
+@pytest.mark.parametrize("setting", ["config.priorityMode=spec",
+                                     "config.multikueueManagerKubeconfig=/etc/kube/manager"])
+def test_multikueue_secret_with_a_contradicting_config_fails_with_a_reason(
+    helm: str, setting: str
+) -> None:
+    err = _fails(f"{MK_SECRET}=mk-reader", setting)
+    assert "leave config.multikueueManagerKubeconfig empty and config.priorityMode auto" in err
+    template(helm, setting)  # alone it renders
