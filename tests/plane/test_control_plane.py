@@ -159,14 +159,13 @@ def test_e2e_job_pods_run_on_kwok_gpu_node_and_free_quota(e2e_plane: Plane,
     kube.create_resource_flavor(api, f"gpu-{ns}", node_labels={"wdrf-test/node": node})
     kube.create_queues(api, ns, {"cpu": 2, "nvidia.com/gpu": 1}, flavor=f"gpu-{ns}")
     req = {"cpu": "1", "nvidia.com/gpu": "1"}
-    # first runs long enough that Kueue has tried (and parked) second before it finishes, even
-    # on a loaded 2-core machine (15 s was seen to be too short there)
-    kube.create_job(api, ns, "first", "lq", requests=req, run_seconds=30)
-    kube.create_job(api, ns, "second", "lq", requests=req, run_seconds=3)
+    kube.create_job(api, ns, "first", "lq", requests=req, run_seconds=15)
     first = kube.workload_for_job(api, ns, "first")["metadata"]["name"]
-    second = kube.workload_for_job(api, ns, "second")["metadata"]["name"]
     kube.wait_for_workload_condition(api, ns, first, "Admitted")
-    kube.wait_for_workload_condition(api, ns, second, "QuotaReserved", "False", reason="Pending")
+    # second waits for first's quota (one GPU): witnessed afterwards by the conditions' times,
+    # not by catching its Pending state in time (a loaded machine can miss that window)
+    kube.create_job(api, ns, "second", "lq", requests=req, run_seconds=3)
+    second = kube.workload_for_job(api, ns, "second")["metadata"]["name"]
 
     def pods_of(job: str) -> list[kube.Obj]:
         items: list[kube.Obj] = kube.request(api, "GET", f"/api/v1/namespaces/{ns}/pods",
@@ -181,7 +180,12 @@ def test_e2e_job_pods_run_on_kwok_gpu_node_and_free_quota(e2e_plane: Plane,
     kube.wait_for(lambda: all(p["status"].get("phase") == "Succeeded"
                               for p in pods_of("first")), 60, "Job first's pod Succeeded")
     assert time.monotonic() - t_bound >= 1.5, "pod finished before its set run time"
-    kube.wait_for_workload_condition(api, ns, first, "Finished", timeout=60)
+    done = kube.wait_for_workload_condition(api, ns, first, "Finished", timeout=60)
+    admitted = kube.wait_for_workload_condition(api, ns, second, "QuotaReserved", timeout=60)
+    finished, reserved = kube.condition(done, "Finished"), kube.condition(admitted, "QuotaReserved")
+    assert finished is not None and reserved is not None
+    finished_at, reserved_at = finished["lastTransitionTime"], reserved["lastTransitionTime"]
+    assert reserved_at >= finished_at, (reserved_at, finished_at)  # RFC 3339 UTC: ordered
     kube.wait_for_workload_condition(api, ns, second, "Admitted", timeout=60)
     kube.wait_for(lambda: any(p["status"].get("phase") == "Succeeded"
                               for p in pods_of("second")), 60, "Job second's pod Succeeded")
