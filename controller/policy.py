@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from operator import attrgetter
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from controller.accounting import (
     UNKNOWN_POOL,
@@ -288,8 +288,8 @@ def account(
     known = memo.usage if memo is not None else None
     used: dict[int, tuple[Workload, float | None, Vector]] = {}
     # A team depends on the settings' team source besides the Workload and its owner.
-    members = memo.read_members(settings.team_source, settings.team_label_key,
-                                settings.team_namespaces) if memo is not None else None
+    members = memo.members.read((settings.team_source, settings.team_label_key,
+                                 settings.team_namespaces)) if memo is not None else None
     seen: dict[int, Member] = {}
     pending: list[Member] = []
     admitted: list[Member] = []
@@ -329,7 +329,8 @@ def account(
             pending.append(member)
 
     if memo is not None:
-        memo.usage, memo.members = used, seen
+        memo.usage = used
+        memo.members.keep(seen)
     usage: Mapping[PoolTeam, Mapping[str, float]] = current
     new_history: UsageHistory | None = None
     if settings.usage_half_life > 0:
@@ -348,7 +349,7 @@ def account(
     shares_raw: dict[PoolTeam, TeamShare] = {}
     pool_caps: dict[str, Vector] = {}
     # A share is kept while the team's usage and the pool's capacity are equal (same settings).
-    known_shares = memo.read_shares(settings) if memo is not None else None
+    known_shares = memo.shares.read(settings) if memo is not None else None
     kept_shares: dict[PoolTeam, tuple[Mapping[str, float], Vector, TeamShare]] = {}
     for pt in sorted(set(usage) | present):
         cap = pool_caps.setdefault(pt[0], capacities.get(pt[0]) or whole)
@@ -362,7 +363,7 @@ def account(
         if memo is not None:
             kept_shares[pt] = (dict(mine_now), dict(cap), shares_raw[pt])
     if memo is not None:
-        memo.keep_shares(kept_shares)
+        memo.shares.keep(kept_shares)
     active = active_weights(shares_raw, present, settings)
 
     # The team's own level (no hysteresis) is what metrics and the team table show; each
@@ -483,7 +484,7 @@ def score_pending(
     hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
     out: list[Scored] = []
     teams: dict[PoolTeam, list[Scored]] = {}
-    seen = memo.read_workloads((settings, acc.card_mib, mode, snapshot.quota_check)) \
+    seen = memo.workloads.read((settings, acc.card_mib, mode, snapshot.quota_check)) \
         if memo is not None else None
     kept: dict[int, _WorkloadMemo] = {}
     for m in acc.pending:
@@ -522,11 +523,11 @@ def score_pending(
             kept[id(w)] = (w, job, (parse_problems, m.cluster_queue, held_by), fields,
                            not blocking)
     if memo is not None:
-        memo.keep_workloads(kept)
+        memo.workloads.keep(kept)
     demands = _Demands(acc)
     classes = _ClassTerms(settings)
     ref = reference(now, settings.rebase_period)
-    scored_teams = memo.read_teams((settings, acc.card_mib, ref)) if memo is not None else None
+    scored_teams = memo.teams.read((settings, acc.card_mib, ref)) if memo is not None else None
     kept_teams: dict[PoolTeam, _TeamMemo] = {}
     for pt, queue in teams.items():
         pool, team = pt
@@ -549,7 +550,7 @@ def score_pending(
                 (s.demand, s.share, s.breakdown, s.target, s.boost, s.problems, s.previous,
                  s.terms, s.suffix) for s in given))
     if memo is not None:
-        memo.keep_teams(kept_teams)
+        memo.teams.keep(kept_teams)
     return out
 
 
@@ -579,6 +580,29 @@ _DecisionMemo = tuple[Workload, Classified, "PriorityBreakdown | None", "HamiDec
                       tuple[InputProblem, ...], tuple[object, ...], WorkloadDecision]
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class _ContextMemo(Generic[_K, _V]):
+    """Entries valid under one context (settings and the like): reading under another
+    context starts empty; a call keeps only the entries it used."""
+
+    __slots__ = ("_context", "entries")
+
+    def __init__(self) -> None:
+        self._context: object = None
+        self.entries: dict[_K, _V] = {}
+
+    def read(self, context: object) -> dict[_K, _V]:
+        if context != self._context:
+            self._context, self.entries = context, {}
+        return self.entries
+
+    def keep(self, kept: dict[_K, _V]) -> None:
+        self.entries = kept
+
+
 class PlanMemo:
     """What `compute_plan` worked out in its last call, for the next call of one control loop:
     a pending Workload's class, problems, HAMi decision and queue time while it is the same
@@ -590,51 +614,17 @@ class PlanMemo:
     call keeps only what it read, so the memo holds one snapshot's worth. Not thread-safe."""
 
     def __init__(self) -> None:
-        self._workload_context: object = None
-        self._workloads: dict[int, _WorkloadMemo] = {}
-        self._team_context: object = None
-        self._teams: dict[PoolTeam, _TeamMemo] = {}
+        self.workloads: _ContextMemo[int, _WorkloadMemo] = _ContextMemo()
+        self.teams: _ContextMemo[PoolTeam, _TeamMemo] = _ContextMemo()
         # Compared field by field, so valid whatever the context.
         self.decisions: dict[int, _DecisionMemo] = {}
         self.usage: dict[int, tuple[Workload, float | None, Vector]] = {}  # admitted usage
-        self._member_context: object = None
+        self.members: _ContextMemo[int, Member] = _ContextMemo()
         # An admitted Workload's Classified, by id: (Workload, owner, key, Classified).
         self.admitted: dict[int, tuple[Workload, JobInfo | OwnerInfo | None, str,
                                        Classified]] = {}
-        self._share_context: object = None
-        self._shares: dict[PoolTeam, tuple[Mapping[str, float], Vector, TeamShare]] = {}
-        self.members: dict[int, Member] = {}
-
-    def read_shares(self, settings: PolicySettings) -> dict[PoolTeam, tuple[
-            Mapping[str, float], Vector, TeamShare]]:
-        if settings != self._share_context:
-            self._share_context, self._shares = settings, {}
-        return self._shares
-
-    def keep_shares(self, kept: dict[PoolTeam, tuple[Mapping[str, float], Vector,
-                                                     TeamShare]]) -> None:
-        self._shares = kept
-
-    def read_members(self, *context: object) -> dict[int, Member]:
-        if context != self._member_context:
-            self._member_context, self.members = context, {}
-        return self.members
-
-    def read_workloads(self, context: tuple[object, ...]) -> dict[int, _WorkloadMemo]:
-        if context != self._workload_context:
-            self._workload_context, self._workloads = context, {}
-        return self._workloads
-
-    def keep_workloads(self, kept: dict[int, _WorkloadMemo]) -> None:
-        self._workloads = kept
-
-    def read_teams(self, context: tuple[object, ...]) -> dict[PoolTeam, _TeamMemo]:
-        if context != self._team_context:
-            self._team_context, self._teams = context, {}
-        return self._teams
-
-    def keep_teams(self, kept: dict[PoolTeam, _TeamMemo]) -> None:
-        self._teams = kept
+        self.shares: _ContextMemo[PoolTeam, tuple[Mapping[str, float], Vector, TeamShare]] = (
+            _ContextMemo())
 
 
 def _score_team(
