@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.domain import (
@@ -474,17 +474,18 @@ def priority_patch(wl: Mapping[str, Any], mode: PriorityMode,
     if target.pending and (wl.get("status") or {}).get("admission"):
         return None  # admitted since the plan read it: the next plan sees it admitted
     if mode is PriorityMode.BOOST:
-        patch = _boost_patch(wl, target)
-    elif mode is PriorityMode.SPEC:
-        patch = _spec_patch(wl, target)
-    else:
-        raise ValueError(f"priority mode {mode} must be resolved before diffing")
-    if patch is None or not target.pending:
-        return patch
+        return _boost_patch(wl, target)
+    if mode is PriorityMode.SPEC:
+        return _spec_patch(wl, target)
+    raise ValueError(f"priority mode {mode} must be resolved before diffing")
+
+
+def _still_pending(wl: Mapping[str, Any], target: PriorityTarget) -> Ops:
+    """For a pending target: a `test` that the Workload still holds no quota, as read."""
+    if not target.pending:
+        return []
     path, value = read_at(wl, "/status/admission")
-    at = 1 if patch.ops and patch.ops[0].get("path") == "/metadata/uid" else 0
-    ops = [*patch.ops[:at], {"op": "test", "path": path, "value": value}, *patch.ops[at:]]
-    return replace(patch, ops=ops)
+    return [{"op": "test", "path": path, "value": value}]
 
 
 def _boost_patch(wl: Mapping[str, Any], target: PriorityTarget) -> PriorityPatch | None:
@@ -509,7 +510,8 @@ def _boost_patch(wl: Mapping[str, Any], target: PriorityTarget) -> PriorityPatch
         return None
     if target.terms:
         set_[PRIORITY_TERMS_ANNOTATION] = target.terms
-    ops = compare_and_swap(wl, spec_ops + annotation_ops(wl, set_, remove))
+    ops = compare_and_swap(wl, _still_pending(wl, target) + spec_ops
+                           + annotation_ops(wl, set_, remove))
     summary = f"priority boost {have or 0} -> {want or 0}"
     if spec_ops:
         summary += f", spec.priority restored to base {target.base}"
@@ -556,7 +558,7 @@ def _spec_patch(wl: Mapping[str, Any], target: PriorityTarget) -> PriorityPatch 
                                "value": {}})
         ann_ops.append({"op": "add", "path": pointer(
             "metadata", "annotations", PRIORITY_TERMS_ANNOTATION), "value": terms})
-    ops: Ops = []
+    ops: Ops = _still_pending(wl, target)
     if have is not None:
         # Only if nobody changed it since we read it (Kueue, a user), even when unchanged.
         ops.append({"op": "test", "path": pointer("spec", "priority"), "value": have})
