@@ -27,10 +27,9 @@ from kubernetes import client as k8s
 
 from controller.domain import (
     APPROVED_ANNOTATION,
-    KUEUE_PRIORITY_BOOST_ANNOTATION,
-    PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
 )
+from controller.workload import effective_priority, terms_of
 from tests.plane import live_helpers as h
 from tests.support import kube
 
@@ -141,11 +140,6 @@ def test_no_same_class_preemption_urgent_preempts_and_no_ping_pong(
         h.cleanup(api, teams, cqs)
 
 
-def _effective(wl: dict[str, Any]) -> int:
-    boost = (wl["metadata"].get("annotations") or {}).get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0")
-    return int(wl["spec"].get("priority") or 0) + int(boost)
-
-
 def test_urgent_preempts_guarded_normal_work_before_guarded_approved_work(
     api: k8s.ApiClient, kubeconfig: Path
 ) -> None:
@@ -177,10 +171,8 @@ def test_urgent_preempts_guarded_normal_work_before_guarded_approved_work(
             def guards() -> tuple[int, int] | None:
                 n = kube.get_workload(api, x, normal["metadata"]["name"])
                 a = kube.get_workload(api, x, approved["metadata"]["name"])
-                terms = [(w["metadata"].get("annotations") or {}).get(
-                    PRIORITY_TERMS_ANNOTATION, "") for w in (n, a)]
-                return ((_effective(n), _effective(a))
-                        if all("state=admitted" in t for t in terms) else None)
+                guarded = all(terms_of(w).get("state") == "admitted" for w in (n, a))
+                return (effective_priority(n), effective_priority(a)) if guarded else None
 
             normal_guard, approved_guard = kube.wait_for(guards, 60, "both guards written")
 

@@ -261,9 +261,9 @@ def settings(**changes: Any) -> Settings:
     return with_overrides(Settings(), **changes)
 
 
-def written_boost(snap: ClusterSnapshot, plan: Plan) -> ClusterSnapshot:
-    """The snapshot once the live controller applied `plan` in boost mode (the boost and the
-    terms annotations)."""
+def written(snap: ClusterSnapshot, plan: Plan, *, boost: bool) -> ClusterSnapshot:
+    """The snapshot once the live controller applied `plan`: the terms annotation, and in
+    boost mode the boost annotation, else spec.priority where the Workload had none."""
     by_key = {d.key: d for d in plan.decisions}
     out = []
     for w in snap.workloads:
@@ -271,7 +271,11 @@ def written_boost(snap: ClusterSnapshot, plan: Plan) -> ClusterSnapshot:
         if d is None or d.leave_unchanged:
             out.append(w)
             continue
-        ann = {**w.annotations, PRIORITY_TERMS_ANNOTATION: d.terms,
-               KUEUE_PRIORITY_BOOST_ANNOTATION: str(d.target_boost)}
-        out.append(replace(w, annotations=ann))
+        ann = {**w.annotations, PRIORITY_TERMS_ANNOTATION: d.terms}
+        if boost:
+            ann[KUEUE_PRIORITY_BOOST_ANNOTATION] = str(d.target_boost)
+            out.append(replace(w, annotations=ann))
+        else:
+            out.append(replace(w, annotations=ann, priority=d.target_priority
+                               if w.priority is None else w.priority))
     return replace(snap, workloads=tuple(out))

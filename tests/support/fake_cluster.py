@@ -8,7 +8,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controller.config import Settings, load_settings
-from controller.live.api import CLUSTER_QUEUES, CONFIG_MAPS, JOBS, LOCAL_QUEUES, WORKLOADS
+from controller.domain import URGENT_ANNOTATION
+from controller.live.api import (
+    CLUSTER_QUEUES,
+    CONFIG_MAPS,
+    JOBS,
+    LOCAL_QUEUES,
+    WORKLOADS,
+    Resource,
+)
 from controller.live.runner import LiveController
 from tests.support.fake import FakeApi
 
@@ -103,3 +111,19 @@ def owner_job(api: FakeApi, name: str = "train", namespace: str = "team-a",
         "metadata": meta,
         "spec": {"suspend": True, "template": {"spec": {"containers": [
             {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}})
+
+
+JOBSETS = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
+
+
+def urgent_jobset(api: FakeApi, name: str = "train", namespace: str = "team-a") -> None:
+    """The cluster serves JobSets (its discovery documents), and holds one Kueue-managed
+    JobSet `name` (uid `uid-js`) annotated urgent."""
+    api.static["/apis/jobset.x-k8s.io"] = {"kind": "APIGroup", "name": "jobset.x-k8s.io",
+                                          "versions": [{"version": "v1alpha2"}]}
+    api.static["/apis/jobset.x-k8s.io/v1alpha2"] = {"resources": [{"name": "jobsets"}]}
+    api.put_object(JOBSETS.item(name, namespace), {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": namespace, "uid": "uid-js",
+                     "labels": {"kueue.x-k8s.io/queue-name": "lq"},
+                     "annotations": {URGENT_ANNOTATION: "true"}}})

@@ -76,15 +76,20 @@ def ssa(api: k8s.ApiClient, obj: Obj, dry_run: bool = False,
     return kube.server_side_apply(api, obj_path(obj), obj, field_manager, dry_run)
 
 
-def with_history_component(tmp: Path) -> Path:
-    """A kustomization in ``tmp`` that installs manifests/ plus components/usage-history/ (as a
-    user enabling the usage history would); kustomize wants relative paths."""
+def with_component(tmp: Path, component: Path) -> Path:
+    """A kustomization in ``tmp`` that installs manifests/ plus one Component of it (as a user
+    enabling that feature would); kustomize wants relative paths."""
     rel = Path(os.path.relpath(MANIFESTS, tmp))
     (tmp / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [str(rel)], "components": [str(rel / "components" / "usage-history")]}),
-        encoding="utf-8")
+        "resources": [str(rel)],
+        "components": [str(rel / component.relative_to(MANIFESTS))]}), encoding="utf-8")
     return tmp
+
+
+def with_history_component(tmp: Path) -> Path:
+    """manifests/ plus components/usage-history/ (`with_component`)."""
+    return with_component(tmp, MANIFESTS / "components" / "usage-history")
 
 
 def install_manifests(admin: k8s.ApiClient, tmp: Path) -> list[Obj]:

@@ -19,9 +19,8 @@ from controller.domain import (
 )
 from controller.plan import Plan, WorkloadDecision
 from controller.policy import compute_plan
-from tests.support.builders import NOW, snapshot, wl
+from tests.support.builders import NOW, snapshot, wl, written
 from tests.support.builders import settings as make_settings
-from tests.support.builders import written_boost as written
 
 TEAMS = ("team-a", "team-b", "team-c")
 S = make_settings()
@@ -74,7 +73,7 @@ def test_kept_values_leave_the_fresh_order_and_cost_no_write(
     pend = [wl(f"p{i}", TEAMS[t], gpu=str(g), wait=age) for i, (t, g, age) in enumerate(spec)]
     run1 = [w for t, n in before.items() for w in running(t, n, "r")]
     snap1 = snapshot([*run1, *pend], gpus=32, teams=TEAMS)
-    carried = written(snap1, compute_plan(snap1, S, NOW))
+    carried = written(snap1, compute_plan(snap1, S, NOW), boost=True)
     pend_now = [w for w in carried.workloads if not w.quota_reserved]
     run2 = [w for t, n in after.items() for w in running(t, n, "s")]
     snap2 = replace(carried, workloads=(*run2, *pend_now))
@@ -94,7 +93,7 @@ def test_a_head_that_rises_further_is_not_rewritten() -> None:
     pend = [wl("a", "team-a", wait=7200), wl("b", "team-b", wait=60)]
     snap1 = snapshot([*running("team-a", 6, "r"), *running("team-b", 10, "r"), *pend],
                      gpus=16, teams=("team-a", "team-b"))
-    carried = written(snap1, compute_plan(snap1, S, NOW))
+    carried = written(snap1, compute_plan(snap1, S, NOW), boost=True)
     assert kueue_order(compute_plan(carried, S, NOW))[0] == "team-a/a"
     gone = {"team-a/r0", "team-a/r1"}
     snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
@@ -111,7 +110,7 @@ def test_a_level_that_passes_another_workload_is_written() -> None:
     pend = [wl("a", "team-a", wait=7200), wl("b", "team-b", wait=3600)]
     snap1 = snapshot([*running("team-a", 4, "r"), *running("team-b", 10, "r"), *pend],
                      gpus=16, teams=("team-a", "team-b"))
-    carried = written(snap1, compute_plan(snap1, S, NOW))
+    carried = written(snap1, compute_plan(snap1, S, NOW), boost=True)
     assert kueue_order(compute_plan(carried, S, NOW)) == ["team-a/a", "team-b/b"]
     gone = {f"team-b/r{i}" for i in range(8)}
     snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))

@@ -603,19 +603,11 @@ def test_convergence_per_cluster_queue_metric_and_log(caplog: pytest.LogCaptureF
 def test_class_annotations_on_a_served_jobset_owner_are_read() -> None:
     """The cluster serves JobSets: the controller watches the Kueue-managed ones and an urgent
     JobSet makes its Workload urgent; kinds the cluster does not serve are not watched."""
-    from controller.live.api import Resource
+    from tests.support.fake_cluster import urgent_jobset
 
     api = FakeApi()
     cluster(api)
-    api.static["/apis/jobset.x-k8s.io"] = {"kind": "APIGroup", "name": "jobset.x-k8s.io",
-                                          "versions": [{"version": "v1alpha2"}]}
-    api.static["/apis/jobset.x-k8s.io/v1alpha2"] = {"resources": [{"name": "jobsets"}]}
-    jobsets = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
-    api.put_object(jobsets.item("train", "team-a"), {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": "train", "namespace": "team-a", "uid": "uid-js",
-                     "labels": {"kueue.x-k8s.io/queue-name": "lq"},
-                     "annotations": {URGENT_ANNOTATION: "true"}}})
+    urgent_jobset(api)
     wl = workload(api, "team-a", "jobset-train")
     wl["metadata"]["ownerReferences"] = [{"apiVersion": "jobset.x-k8s.io/v1alpha2",
                                           "kind": "JobSet", "name": "train", "uid": "uid-js",

@@ -6,7 +6,6 @@ control plane instead (tests/plane/test_manifests_plane.py): kubernetes-validate
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from tests.support.manifests import (
     all_features,
     expected_cluster_rules,
     expected_namespace_rules,
+    with_component,
     with_history_component,
 )
 
@@ -672,11 +672,7 @@ def test_secure_metrics_component_moves_metrics_to_https_and_keeps_probes_plain(
     """overlays/secure-metrics (a Component): /metrics on port https (8443) with the TLS Secret
     mounted, HEALTH_PORT 8080 = the probes' port "http"; the Service and the NetworkPolicy
     expose only https; the controller may create TokenReviews and SubjectAccessReviews."""
-    rel = Path(os.path.relpath(MANIFESTS, tmp_path))
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": [str(rel)], "components": [str(rel / "overlays" / "secure-metrics")]}),
-        encoding="utf-8")
-    objs = render_kustomize(tmp_path)
+    objs = render_kustomize(with_component(tmp_path, MANIFESTS / "overlays" / "secure-metrics"))
     for o in objs:
         k8s_validate(o)
     pod = find(objs, "Deployment")["spec"]["template"]["spec"]
@@ -762,11 +758,7 @@ def test_multikueue_worker_component_mounts_the_manager_kubeconfig(
     """overlays/multikueue-worker (a Component): the manager's kubeconfig from the Secret
     wdrf-multikueue-manager mounted read-only where MULTIKUEUE_MANAGER_KUBECONFIG points,
     boost mode, and nothing else changed; the settings load from the shipped config with it."""
-    rel = Path(os.path.relpath(MANIFESTS, tmp_path))
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "resources": [str(rel)], "components": [str(rel / "overlays" / "multikueue-worker")]}),
-        encoding="utf-8")
-    objs = render_kustomize(tmp_path)
+    objs = render_kustomize(with_component(tmp_path, MANIFESTS / "overlays" / "multikueue-worker"))
     for o in objs:
         k8s_validate(o)
     pod = find(objs, "Deployment")["spec"]["template"]["spec"]

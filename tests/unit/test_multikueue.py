@@ -485,21 +485,20 @@ def test_a_copy_of_a_jobset_takes_the_class_of_the_managers_jobset() -> None:
 def test_live_worker_reads_the_managers_jobsets_where_the_manager_serves_them() -> None:
     """The manager serves JobSets: the worker's controller watches them there (read only)
     and plans the copy of an urgent JobSet as urgent, ahead of an older normal Job's copy."""
-    from controller.live.api import JOBS, Resource
-    from tests.support.fake_cluster import cluster, controller, live_settings, stored, workload
+    from controller.live.api import JOBS
+    from tests.support.fake_cluster import (
+        cluster,
+        controller,
+        live_settings,
+        stored,
+        urgent_jobset,
+        workload,
+    )
 
     worker, manager = FakeApi(), FakeApi()
     cluster(worker)
     cluster(manager)
-    manager.static["/apis/jobset.x-k8s.io"] = {"kind": "APIGroup", "name": "jobset.x-k8s.io",
-                                              "versions": [{"version": "v1alpha2"}]}
-    manager.static["/apis/jobset.x-k8s.io/v1alpha2"] = {"resources": [{"name": "jobsets"}]}
-    jobsets = Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
-    manager.put_object(jobsets.item("train", "team-a"), {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-        "metadata": {"name": "train", "namespace": "team-a", "uid": "uid-js",
-                     "labels": {"kueue.x-k8s.io/queue-name": "lq"},
-                     "annotations": {URGENT_ANNOTATION: "true"}}})
+    urgent_jobset(manager)
     for api in (worker, manager):
         workload(api, "team-b", "old", minutes_ago=60, owner="old-job")
         workload(api, "team-a", "train", minutes_ago=1)

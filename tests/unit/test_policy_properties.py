@@ -24,10 +24,8 @@ from controller.domain import (
     INT32_MIN,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
     PRIORITY_OVERRIDE_ANNOTATION,
-    PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
     ClusterQueue,
-    ClusterSnapshot,
     KueueApiVersion,
     Preemption,
     PriorityClass,
@@ -37,7 +35,7 @@ from controller.domain import (
 from controller.encoding import formula_value, reference
 from controller.plan import Plan, WorkloadDecision
 from controller.policy import compute_plan
-from tests.support.builders import NOW, snapshot, wl
+from tests.support.builders import NOW, snapshot, wl, written
 from tests.support.builders import settings as make_settings
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -101,21 +99,6 @@ def decision(plan: Plan, key: str) -> WorkloadDecision:
 
 def targets(plan: Plan) -> dict[str, int]:
     return {d.key: d.target_priority for d in plan.decisions}
-
-
-def written(snap: ClusterSnapshot, plan: Plan) -> ClusterSnapshot:
-    """The snapshot after the live controller applied `plan` (priority and terms written)."""
-    by_key = {d.key: d for d in plan.decisions}
-    out = []
-    for w in snap.workloads:
-        d = by_key.get(w.key)
-        if d is None or d.leave_unchanged:
-            out.append(w)
-            continue
-        ann = {**w.annotations, PRIORITY_TERMS_ANNOTATION: d.terms}
-        out.append(replace(w, annotations=ann, priority=d.target_priority
-                           if w.priority is None else w.priority))
-    return replace(snap, workloads=tuple(out))
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,7 +408,7 @@ def test_hysteresis_keeps_levels_when_a_share_hovers(
     pend = [wl("p", t, wait=60) for t in TEAMS]
     snap = snapshot(admitted(usage) + pend, gpus=16, teams=TEAMS)
     p1 = compute_plan(snap, S, NOW)
-    after = written(snap, p1)
+    after = written(snap, p1, boost=False)
     tiny = wl("tiny", "team-a", gpu=None, admitted=True,
               resources={"cpu": str(extra_cpus) + "e-3"})
     more = [*after.workloads, tiny]
@@ -540,7 +523,7 @@ def test_a_new_teams_first_job_rewrites_no_other_teams_workloads() -> None:
     snap = snapshot(items, gpus=64, cpu=256, teams=(*teams, "newcomer"))
     for hysteresis, expect_changes in ((0.5, False), (0.0, True)):
         s = make_settings(fairness_hysteresis=hysteresis)
-        before = written(snap, compute_plan(snap, s, NOW))
+        before = written(snap, compute_plan(snap, s, NOW), boost=False)
         grown = replace(before, workloads=(*before.workloads, wl("first", "newcomer")))
         p1, p2 = compute_plan(before, s, NOW), compute_plan(grown, s, NOW)
         changed = [k for k, v in targets(p1).items() if targets(p2)[k] != v]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from controller.plan import Plan
 from controller.policy import compute_plan
-from tests.support.builders import NOW, snapshot, wl, written_boost
+from tests.support.builders import NOW, snapshot, wl, written
 from tests.support.builders import settings as make_settings
 
 S = make_settings()
@@ -32,7 +32,7 @@ def test_a_newcomer_of_the_same_second_never_passes_a_written_workload(
     # One GPU each of 8: every Workload of the team lowers the next one's fairness level.
     admitted = [wl(f"run-{i}", wait=3600, admitted=True) for i in range(running)]
     first = snapshot([*admitted, wl(old, wait=30.0)])
-    carried = written_boost(first, compute_plan(first, S, NOW))
+    carried = written(first, compute_plan(first, S, NOW), boost=True)
     second = snapshot([*carried.workloads, *(wl(n, wait=30.0) for n in new)])
     got = targets(compute_plan(second, S, NOW))
     old_key = f"team-a/{old}"
