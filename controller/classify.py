@@ -7,7 +7,7 @@ now. Pure functions over domain objects; bad values are `InputProblem`s, never e
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -127,24 +127,47 @@ def ranked_base(workload: Workload, base: int) -> int:
     return base
 
 
+def stand_in(workload: Workload) -> tuple[str, int | None] | None:
+    """The class stand-in a Workload's WorkloadPriorityClass is (`CLASS_PRIORITY_CLASSES`),
+    with the base Kueue gave it (`implied_base`: spec.priority without this controller; None
+    when unreadable); None for any other class."""
+    name = workload.priority_class_name
+    if not workload.workload_priority_class or name not in CLASS_PRIORITY_CLASSES:
+        return None
+    return name, implied_base(workload.priority, workload.annotations)
+
+
+def stand_in_values(settings: PolicySettings) -> dict[str, int]:
+    """Each class stand-in's name -> the value these settings need
+    (`PolicySettings.stand_in_value`)."""
+    return {f"wdrf-{c.value}": settings.stand_in_value(c) for c in PriorityClass}
+
+
 def stand_in_warnings(workloads: Iterable[Workload], settings: PolicySettings) -> list[str]:
     """One warning per class stand-in whose value, as Kueue gave it to a Workload (its base:
     spec.priority without this controller), is not what these settings need
     (`PolicySettings.stand_in_value`): the classes would not hold, or approved work would
-    preempt normal work, while the controller is down."""
-    want = {f"wdrf-{c.value}": settings.stand_in_value(c) for c in PriorityClass}
+    preempt normal work, while the controller is down. The first such Workload is named."""
+    want = stand_in_values(settings)
     seen: dict[str, tuple[int, str]] = {}
     for w in filter(_OF_PRIORITY_CLASS, workloads):  # (filtered in C: every Workload)
-        name = w.priority_class_name
-        if name is None or name not in want or name in seen:
+        found = stand_in(w)
+        if found is None or found[0] in seen:
             continue
-        base = implied_base(w.priority, w.annotations)
+        name, base = found
         if base is not None and base != want[name]:
             seen[name] = (base, w.key)
+    return stand_in_report(seen, settings)
+
+
+def stand_in_report(first: Mapping[str, tuple[int, str]], settings: PolicySettings) -> list[str]:
+    """`stand_in_warnings` from, per stand-in name, the value and key of the first Workload
+    whose value is not the one these settings need."""
+    want = stand_in_values(settings)
     return [f"WorkloadPriorityClass {name} has value {value} (Workload {key}); with these "
             f"settings the class stand-in must be {want[name]} "
             "(manifests/admission/class-priority.yaml), or the class order does not hold "
-            "while the controller is down" for name, (value, key) in sorted(seen.items())]
+            "while the controller is down" for name, (value, key) in sorted(first.items())]
 
 
 def read_current_boost(workload: Workload) -> tuple[int | None, list[InputProblem]]:

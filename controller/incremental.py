@@ -52,6 +52,7 @@ from controller.accounting import (
     pool_capacities,
     pool_of,
 )
+from controller.classify import stand_in, stand_in_report, stand_in_values
 from controller.config import PolicySettings
 from controller.domain import (
     ClusterQueue,
@@ -86,6 +87,7 @@ _FINISHED, _UID = attrgetter("finished"), attrgetter("uid")
 _NAMESPACE, _NAME = attrgetter("namespace"), attrgetter("name")
 _SECOND = itemgetter(1)
 _KIND = attrgetter("kind")
+_OF_PRIORITY_CLASS = attrgetter("workload_priority_class")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,7 @@ class IncrementalPlanner:
         self._parts: dict[str, _Part] = {}
         self._cluster: tuple[object, ...] | None = None
         self._merged: _Merged | None = None  # the parts' decisions and shares, merged
+        self._order = _PendingOrder()  # the parts' pending decisions, merged
         self._split = _Splitter()
         self._memos: dict[str, PlanMemo] = {}  # per pool
         self._queues: tuple[object, ...] | None = None  # what the next two were read from
@@ -149,6 +152,7 @@ class IncrementalPlanner:
         except _Fallback as why:
             self._parts.clear()
             self._merged = None
+            self._order = _PendingOrder()
             self._cluster = None
             self._split = _Splitter()
             self._memos.clear()
@@ -204,7 +208,8 @@ class IncrementalPlanner:
                 replanned.append(pool)
             parts[pool] = part
         if replanned or parts.keys() != self._parts.keys() or self._merged is None:
-            self._merged = _merge(parts)
+            self._order.update(parts)
+            self._merged = _merge(parts, self._order)
         self._parts = parts
         for gone in self._memos.keys() - parts.keys():
             del self._memos[gone]
@@ -213,8 +218,7 @@ class IncrementalPlanner:
         warnings = plan_warnings(
             snapshot.cluster_queues, sum(p.unknown for p in parts.values()),
             {team for (_pool, team) in shares}, capacity_known(capacities, effective),
-            compress(snapshot.workloads, map(not_, map(_FINISHED, snapshot.workloads))),
-            settings)
+            _stand_in_warnings(self._split.stand_ins, settings), settings)
         return Plan(
             now=now,
             decisions=decisions,
@@ -227,17 +231,80 @@ class IncrementalPlanner:
         )
 
 
-def _merge(parts: dict[str, _Part]) -> _Merged:
+def _merge(parts: dict[str, _Part], order: _PendingOrder) -> _Merged:
     """The parts' decisions as `compute_plan` orders them (pending by `policy.order`'s key,
-    then admitted by key), their (pool, team) shares by key, and the teams' summary. (Each
-    part is sorted already: the sort merges the runs.)"""
-    pending = [entry for part in parts.values() for entry in part.pending]
-    pending.sort(key=itemgetter(0))
+    from `order`, then admitted by key), their (pool, team) shares by key, and the teams'
+    summary. (Each part is sorted already: the sort merges the runs.)"""
     admitted = [d for part in parts.values() for d in part.admitted]
     admitted.sort(key=attrgetter("key"))
     shares = MappingProxyType(
         {pt: ts for pool in sorted(parts) for pt, ts in parts[pool].shares})
-    return (*map(itemgetter(1), pending), *admitted), shares, team_summary(shares)
+    return (*order.decisions, *admitted), shares, team_summary(shares)
+
+
+# Past these, the order is sorted again instead: entries replaced in place (a bisection each)
+# and entries inserted or deleted (a bisection and a move of the lists' tails each).
+_FEW_REPLACED, _FEW_MOVED = 1024, 64
+
+
+class _PendingOrder:
+    """The parts' pending decisions in `policy.order`'s order (by `PendingKey`, unique: it
+    ends in the UID), kept from one merge to the next. A replanned part keeps the entries of
+    the decisions its memo kept (the same objects), so when few entries changed these are
+    moved in place (found by bisection) instead of merging every entry again: a Workload
+    changed in one pool moves the ranks of a few dozen others, whose keys stay the same."""
+
+    def __init__(self) -> None:
+        self.keys: list[PendingKey] = []  # sorted
+        self.decisions: list[WorkloadDecision] = []  # each with its key in `keys`
+        self._pending: dict[str, tuple[tuple[PendingKey, WorkloadDecision], ...]] = {}
+
+    def update(self, parts: Mapping[str, _Part]) -> None:
+        gone: list[tuple[PendingKey, WorkloadDecision]] = []
+        added: list[tuple[PendingKey, WorkloadDecision]] = []
+        for pool in self._pending.keys() | parts.keys():
+            before = self._pending.get(pool, ())
+            after = parts[pool].pending if pool in parts else ()
+            if before is after:
+                continue
+            # (the entries before are alive in `_pending`: their ids are theirs)
+            ids_before, ids_after = set(map(id, before)), set(map(id, after))
+            gone += (e for e in before if id(e) not in ids_after)
+            added += (e for e in after if id(e) not in ids_before)
+        self._pending = {pool: part.pending for pool, part in parts.items()}
+        if not self._move(gone, added):
+            entries = [entry for part in parts.values() for entry in part.pending]
+            entries.sort(key=itemgetter(0))
+            self.keys = list(map(itemgetter(0), entries))
+            self.decisions = list(map(_SECOND, entries))
+
+    def _move(self, gone: list[tuple[PendingKey, WorkloadDecision]],
+              added: list[tuple[PendingKey, WorkloadDecision]]) -> bool:
+        """Take `gone` out and put `added` in; False (the order is to be rebuilt) when that
+        would take longer than sorting again, or an entry that left is not where its key
+        says."""
+        leaving = dict(gone)
+        if len(leaving) != len(gone):
+            return False  # two entries with one key: not from one plan
+        moved = len(leaving) + len(added) - 2 * sum(1 for key, _d in added if key in leaving)
+        if len(added) > _FEW_REPLACED or moved > _FEW_MOVED:
+            return False
+        keys, decisions = self.keys, self.decisions
+        for key, d in added:
+            i = bisect.bisect_left(keys, key)
+            if key in leaving:  # the same place: a new decision (another rank) in its stead
+                if i == len(keys) or keys[i] != key or decisions[i] is not leaving.pop(key):
+                    return False
+                decisions[i] = d
+            else:
+                keys.insert(i, key)
+                decisions.insert(i, d)
+        for key, d in leaving.items():
+            i = bisect.bisect_left(keys, key)
+            if i == len(keys) or keys[i] != key or decisions[i] is not d:
+                return False
+            del keys[i], decisions[i]
+        return True
 
 
 def _unique(keys: Iterable[object], what: str) -> None:
@@ -269,6 +336,10 @@ class _Splitter:
         self._members: dict[str, tuple[Workload, ...]] = {}
         self._queues: tuple[Any, ...] | None = None  # (ClusterQueues, LocalQueues, maps...)
         self._owner_keys: dict[str, _OwnerKeys] = {}
+        # The unfinished Workloads whose WorkloadPriorityClass is a class stand-in, by
+        # (stand-in, base): their positions and keys (`stand_in_warnings`, kept position by
+        # position like the pools).
+        self.stand_ins: dict[tuple[str, int], dict[int, str]] = {}
 
     def __call__(self, snapshot: ClusterSnapshot) -> tuple[dict[str, _Inputs],
                                                            list[InputProblem]]:
@@ -296,6 +367,8 @@ class _Splitter:
             self._held, self._pools, self._members = (), [], {}
 
         def assign(w: Workload) -> str:
+            if w.finished:
+                return _NO_POOL
             if w.quota_reserved:
                 adm = w.admission
                 if adm is not None:
@@ -306,9 +379,10 @@ class _Splitter:
                 return pool_of_lq.get((w.namespace, w.queue_name), UNKNOWN_POOL)
             return _NO_POOL
 
+        # Positions are the snapshot's, finished Workloads included (in no pool): a pass that
+        # reads every Workload object costs milliseconds at 50,000, so only the positions
+        # that hold another object than last time are read.
         workloads = snapshot.workloads
-        if any(map(_FINISHED, workloads)):
-            workloads = tuple(w for w in workloads if not w.finished)
         n, held = len(workloads), self._held
         changed: list[int] | None = None
         if held and n == len(held):  # the same positions: which hold another object (in C)
@@ -317,22 +391,27 @@ class _Splitter:
                 changed = None
         if changed is None or any(
                 (w := workloads[i]).uid != (h := held[i]).uid or w.namespace != h.namespace
-                or w.name != h.name for i in changed):
-            # No duplicate UID or name, no Workload without a UID (checked in C). (A changed
-            # object with its predecessor's UID and name keeps last call's answer: no.)
-            uids = set(map(_UID, workloads))
-            names = set(zip(map(_NAMESPACE, workloads), map(_NAME, workloads), strict=True))
-            if len(uids) != n or "" in uids or len(names) != n:
+                or w.name != h.name or (h.finished and not w.finished) for i in changed):
+            # No duplicate UID or name among the unfinished Workloads, none without a UID
+            # (checked in C). (A changed object with its predecessor's UID and name, not
+            # unfinished again, keeps last call's answer: no.)
+            unfinished = tuple(compress(workloads, map(not_, map(_FINISHED, workloads))))
+            uids = set(map(_UID, unfinished))
+            names = set(zip(map(_NAMESPACE, unfinished), map(_NAME, unfinished), strict=True))
+            if len(uids) != len(unfinished) or "" in uids or len(names) != len(unfinished):
                 raise _Fallback("two Workloads with one UID or name, or a Workload without a UID")
 
         members: dict[str, tuple[Workload, ...]]
         if changed is not None:
             pools = self._pools.copy()
             touched: set[str] = set()
+            stand_ins = self.stand_ins
             for i in changed:
                 touched.add(pools[i])
                 pools[i] = assign(workloads[i])
                 touched.add(pools[i])
+                _forget_stand_in(stand_ins, i, held[i])
+                _add_stand_in(stand_ins, i, workloads[i])
             members = dict(self._members)
             for pool in touched:
                 mine = tuple(compress(workloads, map(eq, pools, repeat(pool))))
@@ -353,6 +432,9 @@ class _Splitter:
                 else:
                     mine_l.append(w)
             members = {pool: tuple(wls) for pool, wls in grouped.items()}
+            self.stand_ins = {}
+            for i in compress(range(n), map(_OF_PRIORITY_CLASS, workloads)):
+                _add_stand_in(self.stand_ins, i, workloads[i])
         members.pop(_NO_POOL, None)
         self._held, self._pools, self._members = workloads, pools, members
 
@@ -389,6 +471,39 @@ class _Splitter:
             )
         self._owner_keys = owner_keys
         return out, plan_problems
+
+
+def _add_stand_in(stand_ins: dict[tuple[str, int], dict[int, str]], i: int,
+                  w: Workload) -> None:
+    found = stand_in(w) if not w.finished else None
+    if found is not None and found[1] is not None:
+        stand_ins.setdefault((found[0], found[1]), {})[i] = w.key
+
+
+def _forget_stand_in(stand_ins: dict[tuple[str, int], dict[int, str]], i: int,
+                     w: Workload) -> None:
+    found = stand_in(w) if not w.finished else None
+    if found is not None and found[1] is not None:
+        at = stand_ins[(found[0], found[1])]
+        del at[i]
+        if not at:
+            del stand_ins[(found[0], found[1])]
+
+
+def _stand_in_warnings(stand_ins: Mapping[tuple[str, int], Mapping[int, str]],
+                       settings: PolicySettings) -> list[str]:
+    """`classify.stand_in_warnings` over the snapshot's Workloads, from `_Splitter.stand_ins`:
+    per stand-in, the first position whose value is not the one the settings need."""
+    want = stand_in_values(settings)
+    first: dict[str, tuple[int, int, str]] = {}
+    for (name, base), at in stand_ins.items():
+        if base == want[name]:
+            continue
+        i = min(at)
+        if name not in first or i < first[name][0]:
+            first[name] = (i, base, at[i])
+    return stand_in_report({name: (base, key) for name, (_i, base, key) in first.items()},
+                           settings)
 
 
 # (the members tuple they were read from, its owner Jobs' keys, its other owners' keys)

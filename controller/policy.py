@@ -1285,12 +1285,11 @@ def order(scored: list[Scored], memo: PlanMemo | None = None) -> list[WorkloadDe
 
 def plan_warnings(
     queues: Iterable[ClusterQueue], unknown: int, teams: Collection[str], capacity_known: bool,
-    workloads: Iterable[Workload], settings: PolicySettings,
+    stand_ins: Iterable[str], settings: PolicySettings,
 ) -> list[str]:
     """The settings' warnings and the cluster's: ClusterQueues where the planned order may not
     hold, `unknown` pending Workloads with an unknown LocalQueue, TEAM_WEIGHTS naming none of
-    the `teams` with shares, no capacity known, class stand-ins the (unfinished) `workloads`
-    show with a value these settings do not need."""
+    the `teams` with shares, no capacity known, then `stand_ins` (`stand_in_warnings`)."""
     warnings = list(settings.warnings())
     for queue in sorted(queues, key=lambda c: c.name):
         if queue.preemption.within_cluster_queue == "LowerOrNewerEqualPriority":
@@ -1316,7 +1315,7 @@ def plan_warnings(
                         f"{', '.join(unknown_teams)} (a typo, or idle teams)")
     if not capacity_known:
         warnings.append("no capacity known for any weighted resource: all shares are 0")
-    warnings += stand_in_warnings(workloads, settings)
+    warnings += stand_ins
     return warnings
 
 
@@ -1409,7 +1408,8 @@ def compute_plan(
         problems=g.plan_problems,
         warnings=(*plan_warnings(
             g.queues.values(), sum(1 for m in acc.pending if m.cluster_queue is None),
-            {team for (_pool, team) in acc.shares}, acc.capacity_known, g.workloads, configured),
+            {team for (_pool, team) in acc.shares}, acc.capacity_known,
+            stand_in_warnings(g.workloads, configured), configured),
             *weight_notes),
         history=acc.history,
         pool_shares=acc.shares,
