@@ -12,6 +12,11 @@ With more ClusterQueues than teams, each team's namespace has a LocalQueue on ev
 (teams)-th ClusterQueue and its Workloads are spread over them, so every ClusterQueue has work
 (Kueue's large-scale shape: `--teams 500 --queues 1000 --cohorts 10`).
 
+Planning runs as the live loop runs it (`--gc live`, the default): automatic garbage
+collection paused during each plan, collected and frozen between plans, outside the timings
+(`controller.collector`). `--gc auto` leaves Python's collector to its allocation counters
+(collections land inside the plans).
+
 `--incremental` also times the live controller's planner (`controller.incremental`): its first
 plan, a steady cycle in which one Workload of one pool changed (a new object, as the informer
 cache gives after an update; a different pool each run), and a cycle in which nothing changed;
@@ -29,13 +34,16 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from controller.collector import Collector, paused
 from controller.config import Settings
 from controller.domain import (
     APPROVED_ANNOTATION,
@@ -63,6 +71,21 @@ from controller.plan import Plan
 from controller.policy import compute_plan
 
 NOW = datetime(2025, 11, 20, 12, 0, tzinfo=UTC)
+GC_LIVE = True  # --gc live
+_COLLECTOR = Collector()
+
+
+def timed(plan: Callable[..., Plan], *args: Any) -> tuple[Plan, float, float]:
+    """One plan: (the plan, wall seconds, CPU seconds), run as `--gc` says."""
+    if not GC_LIVE:
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = plan(*args)
+        return out, time.perf_counter() - t0, time.process_time() - c0
+    _COLLECTOR.after_cycle()  # what the live loop does between cycles (not timed)
+    with paused():
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = plan(*args)
+        return out, time.perf_counter() - t0, time.process_time() - c0
 
 
 def synthetic(
@@ -150,7 +173,12 @@ def main() -> None:
     ap.add_argument("--incremental", action="store_true",
                     help="also time the live controller's incremental planner: first plan, a "
                          "cycle after one Workload changed, a cycle after nothing changed")
+    ap.add_argument("--gc", choices=("live", "auto"), default="live",
+                    help="live: as the live loop, collection paused during a plan and done "
+                         "between plans (untimed); auto: Python's automatic collection")
     args = ap.parse_args()
+    global GC_LIVE
+    GC_LIVE = args.gc == "live"
 
     snap = synthetic(args.pending, args.admitted, args.teams, args.queues,
                      cohorts=args.cohorts)
@@ -158,10 +186,9 @@ def main() -> None:
     compute_plan(snap, settings, NOW)  # warm up imports and caches
     times, cpu = [], []
     for _ in range(args.runs):
-        t0, c0 = time.perf_counter(), time.process_time()
-        plan = compute_plan(snap, settings, NOW)
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+        plan, wall, used = timed(compute_plan, snap, settings, NOW)
+        times.append(wall)
+        cpu.append(used)
     tracemalloc.start()
     compute_plan(snap, settings, NOW)
     _, peak = tracemalloc.get_traced_memory()
@@ -175,7 +202,7 @@ def main() -> None:
           f"{med / max(1, args.pending + args.admitted) * 1e6:.1f} us/workload)")
     print(f"compute_plan median CPU time: {statistics.median(cpu) * 1000:.1f} ms "
           f"(less sensitive to other load on the machine; load average now "
-          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs)")
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; --gc {args.gc})")
     print(f"peak memory: {peak / 2**20:.1f} MiB allocated during one plan (tracemalloc); "
           f"process max RSS {rss_kib / 1024:.1f} MiB")
     if args.cohorts > 1:
@@ -187,9 +214,7 @@ def main() -> None:
 def incremental(snap: ClusterSnapshot, settings: Settings, runs: int, full: Plan) -> None:
     """The live planner: cold, then steady cycles after one event each."""
     planner = IncrementalPlanner()
-    t0, c0 = time.perf_counter(), time.process_time()
-    planner.plan(snap, settings, NOW)
-    cold = (time.perf_counter() - t0, time.process_time() - c0)
+    cold = timed(planner.plan, snap, settings, NOW)[1:]
     pools = planner.pools
     # One pending Workload per run, each in a different pool where there are enough.
     by_pool: dict[str, int] = {}
@@ -205,17 +230,15 @@ def incremental(snap: ClusterSnapshot, settings: Settings, runs: int, full: Plan
         flip = {} if APPROVED_ANNOTATION in w.annotations else {APPROVED_ANNOTATION: "true"}
         workloads[i] = replace(w, annotations=flip, resource_version=str(run))
         snap = replace(snap, workloads=tuple(workloads))
-        t0, c0 = time.perf_counter(), time.process_time()
-        planner.plan(snap, settings, NOW)
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+        _, wall, used = timed(planner.plan, snap, settings, NOW)
+        times.append(wall)
+        cpu.append(used)
         replanned.append(len(planner.replanned))
     still, still_cpu = [], []
     for _ in range(runs):
-        t0, c0 = time.perf_counter(), time.process_time()
-        plan = planner.plan(snap, settings, NOW)
-        still.append(time.perf_counter() - t0)
-        still_cpu.append(time.process_time() - c0)
+        plan, wall, used = timed(planner.plan, snap, settings, NOW)
+        still.append(wall)
+        still_cpu.append(used)
     same = plan == compute_plan(snap, settings, NOW)
     print(f"incremental: {pools} pools; first plan {cold[0] * 1000:.1f} ms "
           f"(CPU {cold[1] * 1000:.1f} ms){'' if not planner.fallback else ' ' + planner.fallback}")
@@ -226,9 +249,7 @@ def incremental(snap: ClusterSnapshot, settings: Settings, runs: int, full: Plan
           f"CPU {statistics.median(still_cpu) * 1000:.1f} ms; equal to compute_plan: {same}")
     # A rebase moves every pending value: every pool is planned again, from the memos.
     later = NOW + timedelta(seconds=settings.rebase_period)
-    t0, c0 = time.perf_counter(), time.process_time()
-    planner.plan(snap, settings, later)
-    rebase = (time.perf_counter() - t0, time.process_time() - c0)
+    rebase = timed(planner.plan, snap, settings, later)[1:]
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(f"incremental, after a rebase (every pool planned again, {len(planner.replanned)}): "
           f"{rebase[0] * 1000:.1f} ms (CPU {rebase[1] * 1000:.1f} ms); process max RSS now "
@@ -246,10 +267,9 @@ def one_pool(snap: ClusterSnapshot, settings: Settings, runs: int) -> None:
         cq for cq in snap.cluster_queues if cq.name in queues), local_queues=lqs)
     times, cpu = [], []
     for _ in range(runs):
-        t0, c0 = time.perf_counter(), time.process_time()
-        compute_plan(sub, settings, NOW)
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+        _, wall, used = timed(compute_plan, sub, settings, NOW)
+        times.append(wall)
+        cpu.append(used)
     print(f"one pool alone ({cohort}: {len(queues)} ClusterQueues, {len(wls)} Workloads): "
           f"compute_plan median {statistics.median(times) * 1000:.1f} ms, CPU "
           f"{statistics.median(cpu) * 1000:.1f} ms over {runs} runs")

@@ -108,6 +108,7 @@ def offline_plan(paths: tuple[str, ...], settings: Settings, now: str | None) ->
 def offline_plan_and_snapshot(
     paths: tuple[str, ...], settings: Settings, now: str | None
 ) -> tuple[Plan, ClusterSnapshot]:
+    from controller.collector import paused
     from controller.policy import compute_plan
 
     try:
@@ -116,7 +117,8 @@ def offline_plan_and_snapshot(
         click.echo(f"error: snapshot: {exc}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     clock = _parse_now(now) if now else (snapshot.observed or _parse_now(None))
-    return compute_plan(snapshot, settings, clock), snapshot
+    with paused():  # one plan, no cyclic garbage: the collector would only walk the heap
+        return compute_plan(snapshot, settings, clock), snapshot
 
 
 def _lazy(module: str, attr: str) -> Any:

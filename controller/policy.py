@@ -449,11 +449,14 @@ def _team_order_key(s: Scored) -> tuple[int, datetime, int, str]:
 
 
 class _Demands:
-    """Pending demands in each pool's dimensions (one flavor map per pool)."""
+    """Pending demands in each pool's dimensions (one flavor map per pool). Workloads of one
+    shape (one pod set of one container, the same count and resources: the Jobs of one
+    template) share one vector per pool, computed once: read-only."""
 
     def __init__(self, acc: Accounts) -> None:
         self._acc = acc
         self._single: dict[str, dict[str, str]] = {}
+        self._shapes: dict[tuple[object, ...], Vector] = {}
 
     def single(self, pool: str) -> dict[str, str]:
         found = self._single.get(pool)
@@ -462,11 +465,21 @@ class _Demands:
         return found
 
     def of(self, w: Workload, pool: str) -> Vector:
+        key: tuple[object, ...] | None = None
+        if len(w.pod_sets) == 1 and len(w.pod_sets[0].containers) == 1:
+            # Equal Decimals are the same number: the same floats, whatever their spelling.
+            ps = w.pod_sets[0]
+            key = (pool, ps.count, *ps.containers[0].resources.items())
+            found = self._shapes.get(key)
+            if found is not None:
+                return found
         single = self.single(pool)
         demand = pending_demand(w, self._acc.card_mib)
-        if not single:
-            return demand
-        return {single.get(d, d): q for d, q in demand.items()}
+        if single:
+            demand = {single.get(d, d): q for d, q in demand.items()}
+        if key is not None:
+            self._shapes[key] = demand
+        return demand
 
 
 def score_pending(

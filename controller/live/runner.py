@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from controller import collector
 from controller.accounting import UsageHistory
 from controller.config import CapacitySourceSetting, Settings
 from controller.domain import (
@@ -213,6 +214,7 @@ class LiveController:
         self._unknown_copies: Mapping[str, str] = {}
         # Replans only the pools whose inputs changed; equal to compute_plan on the whole.
         self.planner = IncrementalPlanner()
+        self.collector = collector.Collector()  # the cyclic GC, between cycles
         self._whole = ""
         self.health = Probes(stale_after=max(60.0, 3 * settings.loop_interval))
         self.max_staleness = settings.cache_max_staleness
@@ -446,7 +448,8 @@ class LiveController:
         built = self.snapshot()
         snap = dataclasses.replace(built.snapshot, quota_check=self.quota_check,
                                    requeue_timestamp=self.quota_check.requeue_timestamp)
-        plan = self.planner.plan(snap, self.settings, now, self.history)
+        with collector.paused():  # no collection mid-plan: it makes no cyclic garbage
+            plan = self.planner.plan(snap, self.settings, now, self.history)
         planner = self.planner
         if planner.fallback:
             self.metrics.plan_pools.labels("whole").inc()
@@ -600,6 +603,10 @@ class LiveController:
             except Exception:
                 log.exception("cycle failed; next cycle in %.0fs", self.settings.loop_interval)
                 self.metrics.cycles.labels("error").inc()
+            self.collector.after_cycle()
+            log.debug("garbage collection after the cycle: %.3fs CPU%s",
+                      self.collector.last_seconds,
+                      " (whole heap)" if self.collector.last_full else "")
             last_end = time.monotonic()
             # A cycle longer than LOOP_INTERVAL still leaves a pause before the next one.
             deadline = max(started + self.settings.loop_interval, last_end + MIN_TRIGGER_GAP)

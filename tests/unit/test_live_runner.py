@@ -821,3 +821,34 @@ def test_a_failing_dry_run_cycle_is_one_line_not_a_traceback(
     assert errors and all(r.exc_info is None for r in errors)
     assert "TypeError: can't subtract" in errors[0].getMessage()
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_plan_runs_with_automatic_collection_paused_and_the_loop_collects_after() -> None:
+    import gc
+
+    api = FakeApi()
+    cluster(api)
+    workload(api, "team-a", "a1")
+    c = controller(api, settings())
+    during: list[bool] = []
+    plan = c.planner.plan
+
+    def planning(*args: Any, **kwargs: Any) -> Any:
+        during.append(gc.isenabled())
+        return plan(*args, **kwargs)
+
+    c.planner.plan = planning  # type: ignore[method-assign]
+    run = c.run_cycle
+
+    def once(now: datetime | None = None) -> Any:
+        report = run(now)
+        c.stop_event.set()
+        return report
+
+    c.run_cycle = once  # type: ignore[method-assign]
+    try:
+        c.loop()
+        assert during == [False] and gc.isenabled()
+        assert gc.get_freeze_count() > 0  # collected and frozen after the cycle
+    finally:
+        gc.unfreeze()
