@@ -99,7 +99,7 @@ def formula_value(
 
 def iso(ts: datetime) -> str:
     """RFC 3339 in UTC to the second, as Kubernetes writes timestamps."""
-    if ts.utcoffset() != _ZERO:
+    if ts.tzinfo is not UTC and ts.utcoffset() != _ZERO:  # (parsed timestamps are in UTC)
         ts = ts.astimezone(UTC)
     return ts.isoformat(timespec="seconds")[:19] + "Z"
 

@@ -443,9 +443,9 @@ def _team_order_key(s: Scored) -> tuple[int, datetime, int, str]:
     timestamps have no finer grain) - the priority Kueue sees now, highest first, so a newcomer
     never passes a Workload of the same second that already carries its value. Kueue may
     already be taking quota for that one as its queue's head; admitted after being passed, it
-    would be preempted by the one that passed it."""
-    return (_CLASS_RANK[s.classified.priority_class], s.since,
-            -kueue_priority(s.member.workload, s.classified), s.member.workload.uid)
+    would be preempted by the one that passed it. (Before `_score_team`, `target` holds the
+    priority Kueue sees now: `kueue_priority`.)"""
+    return (_CLASS_RANK[s.classified.priority_class], s.since, -s.target, s.member.workload.uid)
 
 
 class _Demands:
@@ -1161,6 +1161,8 @@ def guard_admitted(
     ranked = rank_threats(scored) if victims else {}
     # Guards of one (class, team, pool, base, override) share their breakdown and terms.
     shared: dict[tuple[object, ...], tuple[PriorityBreakdown, str, int, str]] = {}
+    # The highest threat to a class, per (pool, ClusterQueue, class).
+    highest: dict[tuple[str, str | None, PriorityClass], int] = {}
     out: list[WorkloadDecision] = []
     for m in acc.admitted:
         w = m.workload
@@ -1193,9 +1195,14 @@ def guard_admitted(
                 continue
         if c.override is None:
             current = kueue_priority(w, c)
-            threat = max((max(threats.get(("pool", m.pool, p), INT32_MIN - 1),
-                               threats.get(("cq", m.cluster_queue or "", p), INT32_MIN - 1))
-                           for p in protected_from[cls]), default=INT32_MIN - 1)
+            where = (m.pool, m.cluster_queue, cls)
+            found = highest.get(where)
+            if found is None:
+                found = highest[where] = max(
+                    (max(threats.get(("pool", m.pool, p), INT32_MIN - 1),
+                         threats.get(("cq", m.cluster_queue or "", p), INT32_MIN - 1))
+                     for p in protected_from[cls]), default=INT32_MIN - 1)
+            threat = found
             was_exposed = parse_terms(w.annotations.get(PRIORITY_TERMS_ANNOTATION)).get(
                 "state") in _STATE.values()
             if threat < current and current != classes.guard[cls] and not was_exposed:
