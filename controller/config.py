@@ -555,7 +555,7 @@ class PolicySettings(HamiSettings):
         "an admitted Workload is reclaimable only after running this long",
     )
     reclaim_budget_per_hour: int = setting(
-        "RECLAIM_BUDGET_PER_HOUR", 10, p_nonneg_int,
+        "RECLAIM_BUDGET_PER_HOUR", 60, p_nonneg_int,
         "per pool: Workloads made reclaimable at once, less preemptions in the last hour",
     )
     requeue_timestamp: RequeueTimestampSetting = setting(  # noqa: RUF009
