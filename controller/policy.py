@@ -21,7 +21,6 @@ Admitted: the class guard (`PolicySettings.guard`), above every pending Workload
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -716,15 +715,15 @@ OrderKey = tuple[int, float, str]  # Kueue's order, ascending: -priority, queued
 
 
 def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
-    """A pending Workload whose only change is its fairness level keeps the level it carries
-    when no other pending Workload of its pool lies between its written value and its new one
-    (in Kueue's order: priority, then queue time, then UID), at either of that Workload's
-    values. Kueue acts on the order, not the value, and the order stays exactly the one the
-    new values give: two Workloads that both keep their values have disjoint intervals, so
-    neither passes the other. So a level that moves without passing anyone costs no write -
-    the head of a queue rising further, a Workload alone in its band."""
+    """Pending Workloads whose only change is their fairness level keep the level they carry
+    where that leaves Kueue's order (priority, then queue time, then UID) of their pool's
+    pending Workloads exactly the one the new values give. Kueue acts on the order, not the
+    value, so a level that moves without changing the order costs no write - the head of a
+    queue rising further, a Workload alone in its band, a team's Workloads that move together
+    past no one. Of the Workloads that could keep their value, the most that can together
+    (`_most_kept`) do."""
     levels = settings.fairness_levels
-    candidates: list[tuple[Scored, int, str]] = []
+    candidates: dict[int, tuple[int, str]] = {}
     for s in scored:
         b, p = s.breakdown, s.previous
         if b is None or p is None or p == b.fairness_level or b.override is not None:
@@ -739,30 +738,75 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
                               b.base, None, current) + s.suffix
         if terms != w.annotations.get(PRIORITY_TERMS_ANNOTATION):
             continue  # something else changed too: it is written anyway
-        candidates.append((s, current, terms))
+        candidates[id(s)] = (current, terms)
     if not candidates:
         return
-    keys: dict[str, list[OrderKey]] = {}
+    pools: dict[str, list[Scored]] = {}
     for s in scored:
-        keys.setdefault(s.member.pool, []).append(
-            (-s.target, s.since.timestamp(), s.member.workload.uid))
-    for s, current, _terms in candidates:
-        keys[s.member.pool].append((-current, s.since.timestamp(), s.member.workload.uid))
-    for pool_keys in keys.values():
-        pool_keys.sort()
-    for s, current, terms in candidates:
-        since, uid = s.since.timestamp(), s.member.workload.uid
-        lo, hi = sorted(((-current, since, uid), (-s.target, since, uid)))
-        pool_keys = keys[s.member.pool]
-        if bisect_left(pool_keys, hi) - bisect_right(pool_keys, lo) > 0:
-            continue  # it passes another Workload (or is passed): the order changes
-        b = s.breakdown
-        assert b is not None and s.previous is not None
-        boost, clamped = _boost(current, b.base)
-        s.target, s.boost, s.terms = current, boost, terms
-        s.breakdown = replace(b, priority=current, fairness_level=s.previous,
-                              fairness_term=level_points(s.previous, settings),
-                              clamped=clamped)
+        pools.setdefault(s.member.pool, []).append(s)
+    for members in pools.values():
+        if not any(id(s) in candidates for s in members):
+            continue
+        keyed = sorted((((-s.target, s.since.timestamp(), s.member.workload.uid), s)
+                        for s in members), key=_first)
+        fresh = [k for k, _s in keyed]
+        now: dict[int, OrderKey] = {}
+        for i, (k, s) in enumerate(keyed):
+            found = candidates.get(id(s))
+            if found is not None:
+                now[i] = (-found[0], k[1], k[2])
+        for i in _most_kept(fresh, now):
+            s = keyed[i][1]
+            current, terms = candidates[id(s)]
+            b = s.breakdown
+            assert b is not None and s.previous is not None
+            boost, clamped = _boost(current, b.base)
+            s.target, s.boost, s.terms = current, boost, terms
+            s.breakdown = replace(b, priority=current, fairness_level=s.previous,
+                                  fairness_term=level_points(s.previous, settings),
+                                  clamped=clamped)
+
+
+def _first(pair: tuple[OrderKey, Scored]) -> OrderKey:
+    return pair[0]
+
+
+def _most_kept(fresh: list[OrderKey], now: Mapping[int, OrderKey]) -> set[int]:
+    """The largest set K of positions in `fresh` (the new order, ascending) such that giving
+    each position in K its key in `now` and every other position its `fresh` key leaves the
+    keys ascending in the same order. Linear dynamic programming over `fresh`: between two
+    consecutive kept positions p < i, the positions in between keep their fresh keys, which
+    ascend, so the pair needs only now[p] < now[i] when adjacent, else now[p] < fresh[p + 1]
+    and fresh[i - 1] < now[i]."""
+    n = len(fresh)
+    best = [0] * n  # most kept up to and including i, i kept (0: i cannot be kept)
+    back = [-1] * n  # the kept position before i (-1: none)
+
+    def closes(p: int) -> bool:  # p may be the last kept position before a fresh one
+        return p == n - 1 or now[p] < fresh[p + 1]
+
+    far, far_at = 0, -1  # the best over kept positions p <= i - 2 that close
+    for i in range(n):
+        p = i - 2
+        if p >= 0 and best[p] > far and closes(p):
+            far, far_at = best[p], p
+        key = now.get(i)
+        if key is None:
+            continue
+        if i == 0 or fresh[i - 1] < key:
+            best[i], back[i] = far + 1, far_at
+        q = i - 1
+        if q >= 0 and best[q] and now[q] < key and best[q] + 1 > best[i]:
+            best[i], back[i] = best[q] + 1, q
+    end, most = -1, 0
+    for p in range(n):
+        if best[p] > most and closes(p):
+            end, most = p, best[p]
+    kept: set[int] = set()
+    while end >= 0:
+        kept.add(end)
+        end = back[end]
+    return kept
 
 
 def _admitted_classes(acc: Accounts, pools: frozenset[str],

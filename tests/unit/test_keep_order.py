@@ -1,10 +1,12 @@
-"""A pending Workload whose fairness level moves keeps the value it carries when the move
-passes no other pending Workload of its pool (`controller.policy.keep_order`): the plan's order
-is exactly the one fresh values give, with fewer writes. On the real `compute_plan`."""
+"""Pending Workloads whose fairness level moves keep the values they carry wherever the order
+of their pool stays exactly the one fresh values give (`controller.policy.keep_order`): the
+plan's order is the fresh one, with fewer writes - the most the order allows
+(`controller.policy._most_kept`). On the real `compute_plan`."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import combinations, pairwise
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,7 +20,7 @@ from controller.domain import (
     Workload,
 )
 from controller.plan import Plan, WorkloadDecision
-from controller.policy import compute_plan
+from controller.policy import OrderKey, _most_kept, compute_plan
 from tests.support.builders import NOW, snapshot, wl, written
 from tests.support.builders import settings as make_settings
 
@@ -117,3 +119,49 @@ def test_a_level_that_passes_another_workload_is_written() -> None:
     plan = compute_plan(snap2, S, NOW)
     assert kueue_order(plan) == ["team-b/b", "team-a/a"]
     assert writes(snap2, plan) == ["team-b/b"]
+
+
+def test_a_teams_workloads_that_rise_together_past_no_one_are_not_rewritten() -> None:
+    """Team A's two pending Workloads lead the queue a few seconds of aging apart; A's Jobs
+    finish and both rise by the same levels, each past the other's old value but together past
+    no one: keeping both values keeps the order, so neither is written."""
+    pend = [wl("a1", "team-a", wait=7200), wl("a2", "team-a", wait=7190),
+            wl("b", "team-b", wait=60)]
+    snap1 = snapshot([*running("team-a", 6, "r"), *running("team-b", 10, "r"), *pend],
+                     gpus=16, teams=("team-a", "team-b"))
+    carried = written(snap1, compute_plan(snap1, S, NOW), boost=True)
+    gone = {"team-a/r0", "team-a/r1"}
+    snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
+    ref = fresh(snap2)
+    assert sorted(writes(snap2, ref)) == ["team-a/a1", "team-a/a2"]
+    plan = compute_plan(snap2, S, NOW)
+    assert writes(snap2, plan) == []
+    assert kueue_order(plan) == kueue_order(ref) == ["team-a/a1", "team-a/a2", "team-b/b"]
+
+
+def _keys(values: list[int]) -> list[OrderKey]:
+    return [(v, 0.0, "") for v in values]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=8, unique=True), st.data())
+def test_most_kept_is_the_largest_set_that_keeps_the_order(
+    values: list[int], data: st.DataObject,
+) -> None:
+    """Against every subset: the kept set leaves the keys ascending, and no larger set does."""
+    fresh = sorted(values)
+    n = len(fresh)
+    picked = data.draw(st.lists(st.integers(0, n - 1), unique=True, max_size=n))
+    carried = data.draw(st.lists(st.integers(-5, 70).filter(lambda v: v not in values),
+                                 min_size=len(picked), max_size=len(picked), unique=True))
+    now = dict(zip(picked, carried, strict=True))
+
+    def ascending(kept: set[int]) -> bool:
+        f = [now[i] if i in kept else fresh[i] for i in range(n)]
+        return all(a < b for a, b in pairwise(f))
+
+    kept = _most_kept(_keys(fresh), {i: (v, 0.0, "") for i, v in now.items()})
+    assert kept <= set(now) and ascending(kept)
+    most = max(len(c) for r in range(len(now) + 1) for c in combinations(sorted(now), r)
+               if ascending(set(c)))
+    assert len(kept) == most
