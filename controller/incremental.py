@@ -473,21 +473,27 @@ class _Splitter:
         return out, plan_problems
 
 
+def _stand_in_key(w: Workload) -> tuple[str, int] | None:
+    """An unfinished Workload's (class stand-in, readable base), the key of `stand_ins`."""
+    found = stand_in(w) if not w.finished else None
+    if found is None or found[1] is None:
+        return None
+    return found[0], found[1]
+
+
 def _add_stand_in(stand_ins: dict[tuple[str, int], dict[int, str]], i: int,
                   w: Workload) -> None:
-    found = stand_in(w) if not w.finished else None
-    if found is not None and found[1] is not None:
-        stand_ins.setdefault((found[0], found[1]), {})[i] = w.key
+    if (key := _stand_in_key(w)) is not None:
+        stand_ins.setdefault(key, {})[i] = w.key
 
 
 def _forget_stand_in(stand_ins: dict[tuple[str, int], dict[int, str]], i: int,
                      w: Workload) -> None:
-    found = stand_in(w) if not w.finished else None
-    if found is not None and found[1] is not None:
-        at = stand_ins[(found[0], found[1])]
+    if (key := _stand_in_key(w)) is not None:
+        at = stand_ins[key]
         del at[i]
         if not at:
-            del stand_ins[(found[0], found[1])]
+            del stand_ins[key]
 
 
 def _stand_in_warnings(stand_ins: Mapping[tuple[str, int], Mapping[int, str]],

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -748,7 +748,7 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
         if not any(id(s) in candidates for s in members):
             continue
         keyed = sorted((((-s.target, s.since.timestamp(), s.member.workload.uid), s)
-                        for s in members), key=_first)
+                        for s in members), key=itemgetter(0))
         fresh = [k for k, _s in keyed]
         now: dict[int, OrderKey] = {}
         for i, (k, s) in enumerate(keyed):
@@ -765,10 +765,6 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
             s.breakdown = replace(b, priority=current, fairness_level=s.previous,
                                   fairness_term=level_points(s.previous, settings),
                                   clamped=clamped)
-
-
-def _first(pair: tuple[OrderKey, Scored]) -> OrderKey:
-    return pair[0]
 
 
 def _most_kept(fresh: list[OrderKey], now: Mapping[int, OrderKey]) -> set[int]:
