@@ -101,7 +101,9 @@ def iso(ts: datetime) -> str:
     """RFC 3339 in UTC to the second, as Kubernetes writes timestamps."""
     if ts.tzinfo is not UTC and ts.utcoffset() != _ZERO:  # (parsed timestamps are in UTC)
         ts = ts.astimezone(UTC)
-    return ts.isoformat(timespec="seconds")[:19] + "Z"
+    # isoformat(timespec="seconds") truncated to the second, in half its time (hot path).
+    return "%04d-%02d-%02dT%02d:%02d:%02dZ" % (  # noqa: UP031
+        ts.year, ts.month, ts.day, ts.hour, ts.minute, ts.second)
 
 
 _ZERO = timedelta(0)

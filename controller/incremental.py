@@ -561,7 +561,8 @@ def _plan_part(pool: str, given: _Inputs, snapshot: ClusterSnapshot, settings: P
         observed=snapshot.observed, requeue_timestamp=snapshot.requeue_timestamp,
         quota_check=snapshot.quota_check,
     )
-    plan = compute_plan(sub, settings, now, memo=memo)
+    # (`_Splitter` checked the Workloads: unfinished, UIDs and names unique)
+    plan = compute_plan(sub, settings, now, memo=memo, unique=True)
     mode = requeue_mode(snapshot.requeue_timestamp, settings)
     # An identical decision (the memo's) keeps its entry.
     known = {id(e[1]): e for e in last.pending} if last is not None else {}

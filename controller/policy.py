@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from operator import attrgetter, itemgetter
+from itertools import compress
+from operator import attrgetter, itemgetter, not_
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -106,6 +107,7 @@ PoolTeam = tuple[str, str]
 # The priority-terms `state` of an exposed admitted Workload, per reason.
 _STATE = {ExposureReason.RECLAIM: "reclaimable", ExposureReason.TEAM_APPROVAL: "yielding"}
 _UID, _NAMESPACE, _NAME = attrgetter("uid"), attrgetter("namespace"), attrgetter("name")
+_FINISHED = attrgetter("finished")
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,8 +170,16 @@ def deduplicate(workloads: Iterable[Workload]) -> tuple[list[Workload], list[Inp
     return list(by_key.values()), problems
 
 
-def gather(snapshot: ClusterSnapshot) -> Gathered:
-    workloads, dup_problems = deduplicate(w for w in snapshot.workloads if not w.finished)
+def gather(snapshot: ClusterSnapshot, unique: bool = False) -> Gathered:
+    """`unique`: the caller has checked that no Workload is finished, and that UIDs (none
+    empty) and namespace/names are unique: nothing to filter or deduplicate."""
+    dup_problems: list[InputProblem] = []
+    if unique:
+        workloads = list(snapshot.workloads)
+    else:
+        everything = snapshot.workloads  # unfinished ones, filtered in C
+        workloads, dup_problems = deduplicate(
+            compress(everything, map(not_, map(_FINISHED, everything))))
     pending = {(w.namespace, w.name) for w in workloads
                if not w.quota_reserved and w.active} if snapshot.problems else set()
     plan_problems: list[InputProblem] = []
@@ -303,7 +313,7 @@ def account(
         else:
             continue  # deactivated and pending: not competing, not "present"
         pool = pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
-        job = owner_of(w, g)
+        job = owner_of(w, g) if w.owner is not None else None
         member = members.get(id(w)) if members else None
         if member is None or member.workload is not w or member.job is not job \
                 or member.cluster_queue != cq or member.pool != pool:
@@ -431,6 +441,9 @@ class _ClassTerms:
         self.weight = {c: settings.class_weight(c) for c in PriorityClass}
         self.term = {c: settings.pending_class_term(c) for c in PriorityClass}
         self.guard = {c: settings.guard(c) for c in PriorityClass}
+        self.points = [level_points(level, settings)
+                       for level in range(settings.fairness_levels + 1)]
+        self.base_terms: dict[int, int] = {}  # `base_term` by base, filled as met
 
 
 # A team's own queue order: class first, then wait, then UID (Kueue's order inside a class).
@@ -452,10 +465,13 @@ class _Demands:
     shape (one pod set of one container, the same count and resources: the Jobs of one
     template) share one vector per pool, computed once: read-only."""
 
-    def __init__(self, acc: Accounts) -> None:
+    def __init__(self, acc: Accounts, settings: PolicySettings | None = None) -> None:
         self._acc = acc
+        self._weights = settings.resource_weights if settings is not None else {}
         self._single: dict[str, dict[str, str]] = {}
         self._shapes: dict[tuple[object, ...], Vector] = {}
+        self._scaled: dict[tuple[object, ...], tuple[Vector, _Scaled]] = {}
+        self._scales: dict[str, dict[str, tuple[float, float]]] = {}
 
     def single(self, pool: str) -> dict[str, str]:
         found = self._single.get(pool)
@@ -480,6 +496,39 @@ class _Demands:
             self._shapes[key] = demand
         return demand
 
+    def scaled(self, w: Workload, pool: str) -> tuple[Vector, _Scaled]:
+        """`of`, with per dimension (dimension, quantity, the pool's capacity, the resource's
+        weight) - capacity 0.0 where the dimension has no capacity or no weight (the share
+        ignores it). Needs the settings."""
+        key: tuple[object, ...] | None = None
+        if len(w.pod_sets) == 1 and len(w.pod_sets[0].containers) == 1:
+            ps = w.pod_sets[0]
+            key = (pool, ps.count, *ps.containers[0].resources.items())
+            found = self._scaled.get(key)
+            if found is not None:
+                return found
+        demand = self.of(w, pool)
+        scales = self._scales.get(pool)
+        if scales is None:
+            scales = self._scales[pool] = {}
+        cap = self._acc.capacity.get(pool, {})
+        items: list[tuple[str, float, float, float]] = []
+        for dim, q in demand.items():
+            scale = scales.get(dim)
+            if scale is None:
+                cd, rw = cap.get(dim, 0.0), self._weights.get(resource_of(dim), 0.0)
+                scale = scales[dim] = (cd, rw) if cd > 0 and rw > 0 else (0.0, 0.0)
+            items.append((dim, q, *scale))
+        out = (demand, tuple(items))
+        if key is not None:
+            self._scaled[key] = out
+        return out
+
+
+# Per dimension of a demand: (dimension, quantity, capacity, resource weight), capacity 0.0
+# where the share does not count the dimension.
+_Scaled = tuple[tuple[str, float, float, float], ...]
+
 
 def score_pending(
     acc: Accounts, g: Gathered, snapshot: ClusterSnapshot, settings: PolicySettings, now: datetime,
@@ -494,96 +543,99 @@ def score_pending(
     once this Workload runs too (what reclaim compares)."""
     mode = requeue_mode(snapshot.requeue_timestamp, settings)
     hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
-    out: list[Scored] = []
-    teams: dict[PoolTeam, list[Scored]] = {}
+    pending = acc.pending
+    # Each pending Workload's Scored, made once its fields are known: the blocked ones at
+    # once, the others with their team's scores.
+    out: list[Scored | None] = [None] * len(pending)
+    fields_of: list[tuple[Any, ...]] = []  # Scored's fields after `member`, before scoring
+    teams: dict[PoolTeam, list[int]] = {}  # positions in `pending`, in order
     seen = memo.workloads.read((settings, acc.card_mib, mode, snapshot.quota_check)) \
         if memo is not None else None
     kept: dict[int, _WorkloadMemo] = {}
-    for m in acc.pending:
+    for i, m in enumerate(pending):
         w, job = m.workload, m.job
         parse_problems = g.workload_problems.get((w.namespace, w.name), ()) \
             if g.workload_problems else ()
         held_by = g.queues.get(m.cluster_queue or "")
         found = seen.get(id(w)) if seen else None
-        if found is not None and found[0] is w and found[1] is job and found[2] == (
+        if found is None or found[0] is not w or found[1] is not job or found[2] != (
                 parse_problems, m.cluster_queue, held_by):
-            s = Scored(m, *found[3])
-            if found[4]:
-                teams.setdefault((m.pool, m.team), []).append(s)
-            kept[id(w)] = found
-            out.append(s)
-            continue
-        c = classify(w, job)
-        problems: list[InputProblem] = [*parse_problems, *c.problems]
-        blocking = c.blocking or bool(parse_problems)
-        for prob, is_blocking in resource_problems(w, settings):
-            problems.append(prob)
-            blocking = blocking or is_blocking
-        hami, p = decide_hami(w, job if isinstance(job, JobInfo) else None, c.priority_class,
-                              m.cluster_queue, settings, acc.card_mib, hami_cache)
-        hami = check_fraction(hami, held_by, snapshot.quota_check)
-        # A bad scheduling hint is reported and ignored (no HAMi write); it never freezes the
-        # priority: the class still follows the annotations (a withdrawn approval lowers it).
-        problems += p
-        fields = (c, tuple(problems), hami, queued_since(w, mode), kueue_priority(w, c),
-                  c.current_boost or 0, None, "")
-        s = Scored(m, *fields)
-        out.append(s)
-        if not blocking:
-            teams.setdefault((m.pool, m.team), []).append(s)
+            c = classify(w, job)
+            problems: list[InputProblem] = [*parse_problems, *c.problems]
+            blocking = c.blocking or bool(parse_problems)
+            for prob, is_blocking in resource_problems(w, settings):
+                problems.append(prob)
+                blocking = blocking or is_blocking
+            hami, p = decide_hami(w, job if isinstance(job, JobInfo) else None,
+                                  c.priority_class, m.cluster_queue, settings, acc.card_mib,
+                                  hami_cache)
+            hami = check_fraction(hami, held_by, snapshot.quota_check)
+            # A bad scheduling hint is reported and ignored (no HAMi write); it never freezes
+            # the priority: the class still follows the annotations (a withdrawn approval
+            # lowers it).
+            problems += p
+            found = (w, job, (parse_problems, m.cluster_queue, held_by),
+                     (c, tuple(problems), hami, queued_since(w, mode), kueue_priority(w, c),
+                      c.current_boost or 0, None, ""), not blocking)
         if memo is not None:
-            kept[id(w)] = (w, job, (parse_problems, m.cluster_queue, held_by), fields,
-                           not blocking)
+            kept[id(w)] = found
+        fields_of.append(found[3])
+        if found[4]:
+            mine = teams.get((m.pool, m.team))
+            if mine is None:
+                teams[(m.pool, m.team)] = [i]
+            else:
+                mine.append(i)
+        else:
+            out[i] = Scored(m, *found[3])
     if memo is not None:
         memo.workloads.keep(kept)
-    demands = _Demands(acc)
+    demands = _Demands(acc, settings)
     classes = _ClassTerms(settings)
     ref = reference(now, settings.rebase_period)
     scored_teams = memo.teams.read((settings, acc.card_mib, ref)) if memo is not None else None
     kept_teams: dict[PoolTeam, _TeamMemo] = {}
-    for pt, queue in teams.items():
+    for pt, at in teams.items():
         pool, team = pt
-        given = tuple(queue)
+        members = tuple(map(pending.__getitem__, at))
+        given = tuple(map(fields_of.__getitem__, at))
         inputs = (acc.usage.get(pt), acc.capacity.get(pool), acc.total_weight.get(pool),
                   acc.shares[pt].dominant_resource, acc.shares[pt].dominant_share)
         hit = scored_teams.get(pt) if scored_teams else None
-        if hit is not None and hit[1] == inputs and len(hit[0]) == len(given) and all(
-                map(_same_scored, hit[0], given)):
-            for s, result in zip(given, hit[2], strict=True):
-                (s.demand, s.share, s.breakdown, s.target, s.boost, s.problems, s.previous,
-                 s.terms, s.suffix) = result
+        # (tuples compare element by element, identity first: in C, and equal objects give
+        # the same scores)
+        if hit is not None and hit[2] == inputs and hit[0] == members and hit[1] == given:
+            for i, m, result in zip(at, members, hit[3], strict=True):
+                out[i] = Scored(m, *result)
             kept_teams[pt] = hit
             continue
-        before = tuple(map(_scored_inputs, given)) if memo is not None else ()
-        queue.sort(key=_team_order_key)
-        _score_team(pool, team, queue, acc, demands, classes, settings, now)
+        queue = [Scored(m, *f) for m, f in zip(members, given, strict=True)]
+        for i, s in zip(at, queue, strict=True):
+            out[i] = s
+        _score_team(pool, team, sorted(queue, key=_team_order_key), acc, demands, classes,
+                    settings, now)
         if memo is not None:
-            kept_teams[pt] = (before, inputs, tuple(
-                (s.demand, s.share, s.breakdown, s.target, s.boost, s.problems, s.previous,
-                 s.terms, s.suffix) for s in given))
+            kept_teams[pt] = (members, given, inputs, tuple(map(_scored_fields, queue)))
     if memo is not None:
         memo.teams.keep(kept_teams)
-    return out
+    return out  # type: ignore[return-value]  # (every position is set)
 
 
-def _scored_inputs(s: Scored) -> tuple[object, ...]:
-    """What `_score_team` reads of one Workload (its Scored before scoring)."""
-    return (s.member, s.classified, s.problems, s.since, s.target)
-
-
-def _same_scored(old: tuple[object, ...], s: Scored) -> bool:
-    return (old[0] is s.member or old[0] == s.member) and old[1] is s.classified \
-        and old[2] is s.problems and old[3] == s.since and old[4] == s.target
+def _scored_fields(s: Scored) -> tuple[Any, ...]:
+    """Scored's fields after `member` (its scores once `_score_team` set them)."""
+    return (s.classified, s.problems, s.hami, s.since, s.target, s.boost, s.breakdown,
+            s.terms, s.suffix, s.demand, s.share, s.previous)
 
 
 # One Workload's scoring before its team is scored: (the Workload, its owner, (parse problems,
 # ClusterQueue name, ClusterQueue), Scored's fields after `member`, whether it is scored).
 _WorkloadMemo = tuple[Workload, "JobInfo | OwnerInfo | None", tuple[object, ...],
                       tuple[Any, ...], bool]
-# One team's scoring in one pool: (`_scored_inputs` of its queue, in `acc.pending` order; the
-# team's usage, the pool's capacity and W, the team's dominant resource and share; per
-# Workload of the queue, the fields `_score_team` set).
-_TeamMemo = tuple[tuple[tuple[object, ...], ...], tuple[object, ...], tuple[tuple[Any, ...], ...]]
+# One team's scoring in one pool: its queue's Members and their Scored fields before scoring
+# (in `acc.pending` order); the team's usage, the pool's capacity and W, the team's dominant
+# resource and share; per Workload of the queue, Scored's fields after scoring.
+_TeamMemo = tuple[tuple[Member, ...], tuple[tuple[Any, ...], ...], tuple[object, ...],
+                  tuple[tuple[Any, ...], ...]]
 
 
 # A pending Workload's decision: (the Workload, its Classified, breakdown, HAMi decision and
@@ -650,7 +702,6 @@ def _score_team(
     cap = acc.capacity.get(pool, {})
     total = acc.total_weight.get(pool, 0.0)
     tw = team_weight(team, settings)
-    weights = settings.resource_weights
     ts = acc.shares[(pool, team)]
     vec = prospective_base(acc.usage.get((pool, team), {}), cap, demands.single(pool))
     share = weighted_share(vec, cap, settings, tw)
@@ -659,53 +710,58 @@ def _score_team(
     head_since = min((s.since for s in queue
                       if s.classified.priority_class is PriorityClass.NORMAL), default=None)
     ceiling = levels  # levels never rise along the team's order
-    # Per dimension: (capacity, resource weight) where both are positive, else None.
-    scales: dict[str, tuple[float, float] | None] = {}
+    points, base_terms = classes.points, classes.base_terms
     for s in queue:
-        m, c = s.member, s.classified
-        w = m.workload
+        c = s.classified
+        w = s.member.workload
         before, ranked_by = share, dominant
-        demand = demands.of(w, pool)
-        for dim, q in demand.items():
+        demand, scaled = demands.scaled(w, pool)
+        for dim, q, cd, rw in scaled:
             v = vec[dim] = vec.get(dim, 0.0) + q
-            if dim in scales:
-                scale = scales[dim]
-            else:
-                cd, rw = cap.get(dim, 0.0), weights.get(resource_of(dim), 0.0)
-                scale = scales[dim] = (cd, rw) if cd > 0 and rw > 0 else None
-            if scale is not None and v / scale[0] * scale[1] / tw > share:
-                share, dominant = v / scale[0] * scale[1] / tw, dim
+            if cd and v / cd * rw / tw > share:  # (cd is 0.0 where the share ignores dim)
+                share, dominant = v / cd * rw / tw, dim
         s.demand, s.share = demand, share
-        previous, taken = _previous(w, pool, team, levels)
-        level = min(ceiling, fairness_level(before, total, settings, previous))
+        if w.annotations.get(PRIORITY_TERMS_ANNOTATION):
+            previous, taken = _previous(w, pool, team, levels)
+        else:
+            previous, taken = None, ""
+        # Levels are never below 0: once the ceiling is 0, so is every level after it.
+        level = min(ceiling, fairness_level(before, total, settings, previous)) if ceiling \
+            else 0
         ceiling = level
-        fairness = level_points(level, settings)
+        fairness = points[level]
         cls = c.priority_class
-        credited = s.since
+        since = credited = s.since
+        shared: datetime | None = None
         if team_scope and cls is PriorityClass.APPROVED and head_since is not None \
-                and head_since < credited:
-            credited = head_since
-        since_ts = credited.timestamp()
-        aging = aging_term(since_ts, ref_ts, settings)
-        bterm = base_term(c.ranked, settings)
+                and head_since < since:
+            credited = shared = head_since
+        aging = aging_term(credited.timestamp(), ref_ts, settings)
+        ranked = c.ranked
+        bterm = base_terms.get(ranked)
+        if bterm is None:
+            bterm = base_terms[ranked] = base_term(ranked, settings)
+        base = c.base
         if c.override is not None:
             target = c.override
         else:
             target = classes.term[cls] + bterm + fairness + aging
-        boost, clamped = _boost(target, c.base)
-        problems = s.problems
-        if clamped:
-            problems = (*problems, InputProblem(w.ref, "spec.priority", str(c.base), clamped))
+        boost = target - base
+        if INT32_MIN <= boost <= INT32_MAX:
+            clamped = ""
+        else:
+            boost, clamped = _boost(target, base)
+            s.problems = (*s.problems,
+                          InputProblem(w.ref, "spec.priority", str(base), clamped))
         s.breakdown = PriorityBreakdown(
             cls, classes.weight[cls], classes.term[cls], team, pool,
             ranked_by, before, level, fairness,
-            s.since, ref, aging, c.base, bterm,
-            c.override, target, False, clamped, ts.dominant_share,
-            credited if credited != s.since else None,
+            since, ref, aging, base, bterm,
+            c.override, target, False, clamped, ts.dominant_share, shared,
         )
-        s.target, s.boost, s.problems, s.previous = target, boost, problems, previous
+        s.target, s.boost, s.previous = target, boost, previous
         s.terms = pending_terms(cls, team, pool, level, levels, fairness, iso(credited),
-                                ref_iso, c.base, c.override, target)
+                                ref_iso, base, c.override, target)
         if taken:
             s.suffix = f" reclaimed-for={taken}"
             s.terms += s.suffix
@@ -1206,7 +1262,8 @@ def guard_admitted(
     out: list[WorkloadDecision] = []
     for m in acc.admitted:
         w = m.workload
-        c = admitted_classes.get(w.key)
+        wkey = w.key
+        c = admitted_classes.get(wkey)
         if c is None:
             continue  # preemption cannot reach its pool
         if c.blocking:
@@ -1218,7 +1275,7 @@ def guard_admitted(
             # guard's value, above the Workload it was evicted for, and take the quota back.
             continue
         cls = c.priority_class
-        victim = victims.get(w.key)
+        victim = victims.get(wkey) if victims else None
         if victim is not None:
             threat, best = exposed_range(ranked.get(m.pool, []), protected_from[cls],
                                          victim.allowed)
@@ -1242,11 +1299,10 @@ def guard_admitted(
                     (max(threats.get(("pool", m.pool, p), INT32_MIN - 1),
                          threats.get(("cq", m.cluster_queue or "", p), INT32_MIN - 1))
                      for p in protected_from[cls]), default=INT32_MIN - 1)
-            threat = found
-            was_exposed = parse_terms(w.annotations.get(PRIORITY_TERMS_ANNOTATION)).get(
-                "state") in _STATE.values()
-            if threat < current and current != classes.guard[cls] and not was_exposed:
-                continue  # nothing can preempt it yet: no write
+            if found < current and current != classes.guard[cls]:
+                text = w.annotations.get(PRIORITY_TERMS_ANNOTATION)
+                if not text or parse_terms(text).get("state") not in _STATE.values():
+                    continue  # nothing can preempt it yet (and it is not exposed): no write
             # (an exposure no longer chosen is guarded at once: its low value would invite
             # the next waiting Workload to take it)
         key = (cls, m.team, m.pool, c.base, c.override)
@@ -1316,27 +1372,34 @@ def order(scored: list[Scored], memo: PlanMemo | None = None) -> list[WorkloadDe
     kept: dict[int, _DecisionMemo] = {}
     for s in scored:
         m, c = s.member, s.classified
-        rank = position.get(m.cluster_queue, 0)
-        position[m.cluster_queue] = rank + 1
-        if s.breakdown is None:
+        cq = m.cluster_queue
+        rank = position.get(cq, 0)
+        position[cq] = rank + 1
+        b = s.breakdown
+        if b is None:
             out.append(_unchanged(m, c, s.problems, admitted=False, rank=rank))
             continue
         w = m.workload
-        given = (rank, m.cluster_queue, m.team, s.boost, s.target, s.terms)
+        if memo is None:
+            # (positional: the fields in order, as `WorkloadDecision` declares them)
+            out.append(WorkloadDecision(
+                w.key, w.uid, cq, m.team, rank, c.base, w.priority, c.current_boost, s.boost,
+                s.target, b, s.hami, s.problems, False, False, s.terms))
+            continue
+        given = (rank, cq, m.team, s.boost, s.target, s.terms)
         old = made.get(id(w)) if made else None
-        if old is not None and old[0] is w and old[1] is c and old[2] is s.breakdown \
+        if old is not None and old[0] is w and old[1] is c and old[2] is b \
                 and old[3] is s.hami and old[4] is s.problems and old[5] == given:
             kept[id(w)] = old
             out.append(old[6])
             continue
         d = WorkloadDecision(
-            key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=rank,
+            key=w.key, uid=w.uid, cluster_queue=cq, team=m.team, rank=rank,
             base_priority=c.base, current_priority=w.priority,
             current_boost=c.current_boost, target_boost=s.boost, target_priority=s.target,
-            breakdown=s.breakdown, hami=s.hami, problems=s.problems, terms=s.terms,
+            breakdown=b, hami=s.hami, problems=s.problems, terms=s.terms,
         )
-        if memo is not None:
-            kept[id(w)] = (w, c, s.breakdown, s.hami, s.problems, given, d)
+        kept[id(w)] = (w, c, b, s.hami, s.problems, given, d)
         out.append(d)
     if memo is not None:
         memo.decisions = kept
@@ -1443,11 +1506,14 @@ def compute_plan(
     now: datetime,
     history: UsageHistory | None = None,
     memo: PlanMemo | None = None,
+    *,
+    unique: bool = False,
 ) -> Plan:
     """Decide every pending, active Workload's priority and HAMi settings, and the guard of
     every admitted Workload that preemption can reach. Pure and deterministic: `memo` (one
-    per control loop) only saves recomputing what the last call found (`PlanMemo`)."""
-    g = gather(snapshot)
+    per control loop) only saves recomputing what the last call found (`PlanMemo`).
+    `unique`: the caller has checked the snapshot's Workloads (`gather`)."""
+    g = gather(snapshot, unique)
     configured = settings
     kueue_weights, weight_notes = kueue_team_weights(snapshot, settings)
     if settings.weights_from_kueue():
