@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from itertools import compress
-from operator import attrgetter, itemgetter, not_
+from itertools import compress, repeat
+from operator import attrgetter, is_not, itemgetter, not_
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -283,6 +283,68 @@ def _previous(w: Workload, pool: str, team: str, levels: int) -> tuple[int | Non
     return int(level), taken
 
 
+_WORKLOAD, _QUOTA_RESERVED = attrgetter("workload"), attrgetter("quota_reserved")
+_POOL, _TEAM = attrgetter("pool"), attrgetter("team")
+
+
+class _NoMember:
+    """What a Workload with no Member in the memo is looked up as."""
+
+    __slots__ = ()
+    workload = None
+
+
+_NO_MEMBER = _NoMember()
+
+
+def _members(
+    g: Gathered, settings: PolicySettings, pool_by_cq: Mapping[str, str], memo: PlanMemo | None,
+) -> tuple[list[Member], list[Member], set[PoolTeam], dict[int, Member]]:
+    """The competing Workloads' Members - (pending, admitted, their (pool, team)s, by the
+    Workload's id) - in the Workloads' order. A Member is the memo's while it is for the
+    same Workload and the ClusterQueues, LocalQueues, owners and team source are equal."""
+    by_label = settings.team_source is TeamSource.LABEL
+    # A team depends on the settings' team source besides the Workload and its owner.
+    members = memo.members.read((settings.team_source, settings.team_label_key,
+                                 settings.team_namespaces)) if memo is not None else None
+
+    def member_of(w: Workload) -> Member | None:
+        if w.quota_reserved:
+            cq = w.admission.cluster_queue if w.admission else g.lq_to_cq.get(
+                (w.namespace, w.queue_name))
+        elif w.active:
+            cq = g.lq_to_cq.get((w.namespace, w.queue_name))
+        else:
+            return None  # deactivated and pending: not competing, not "present"
+        pool = pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
+        job = owner_of(w, g) if w.owner is not None else None
+        member = members.get(id(w)) if members else None
+        if member is None or member.workload is not w or member.job is not job \
+                or member.cluster_queue != cq or member.pool != pool:
+            team = team_of(w, settings, job.labels if (by_label and job) else None)
+            member = Member(w, job, team, cq, pool)
+        return member
+
+    workloads = g.workloads
+    context = (g.lq_to_cq, pool_by_cq, g.jobs, g.owners)
+    if memo is not None and members and context == memo.account_context:
+        # Whatever decides a Member but its Workload is as before: a Workload with a Member
+        # in the memo keeps it (looked up in C); the others are read one by one.
+        rows: list[Any] = list(map(members.get, map(id, workloads), repeat(_NO_MEMBER)))
+        for i in compress(range(len(rows)), map(is_not, map(_WORKLOAD, rows), workloads)):
+            rows[i] = member_of(workloads[i])
+        listed: list[Member] = list(filter(None, rows))
+    else:
+        listed = [m for m in map(member_of, workloads) if m is not None]
+    if memo is not None:
+        memo.account_context = context
+    reserved = list(map(_QUOTA_RESERVED, map(_WORKLOAD, listed)))
+    return (list(compress(listed, map(not_, reserved))), list(compress(listed, reserved)),
+            set(zip(map(_POOL, listed), map(_TEAM, listed), strict=True)),
+            dict(zip(map(id, map(_WORKLOAD, listed)), listed, strict=True))
+            if memo is not None else {})
+
+
 def account(
     g: Gathered, snapshot: ClusterSnapshot, settings: PolicySettings, now: datetime,
     history: UsageHistory | None, memo: PlanMemo | None = None,
@@ -293,49 +355,20 @@ def account(
     whole = cluster_capacity(capacities)
     pool_by_cq = {name: pool_of(cq) for name, cq in g.queues.items()}
 
-    by_label = settings.team_source is TeamSource.LABEL
     known = memo.usage if memo is not None else None
     used: dict[int, tuple[Workload, float | None, Vector]] = {}
-    # A team depends on the settings' team source besides the Workload and its owner.
-    members = memo.members.read((settings.team_source, settings.team_label_key,
-                                 settings.team_namespaces)) if memo is not None else None
-    seen: dict[int, Member] = {}
-    pending: list[Member] = []
-    admitted: list[Member] = []
+    pending, admitted, present, seen = _members(g, settings, pool_by_cq, memo)
     current: dict[PoolTeam, Vector] = {}
-    present: set[PoolTeam] = set()
-    for w in g.workloads:
-        if w.quota_reserved:
-            cq = w.admission.cluster_queue if w.admission else g.lq_to_cq.get(
-                (w.namespace, w.queue_name))
-        elif w.active:
-            cq = g.lq_to_cq.get((w.namespace, w.queue_name))
-        else:
-            continue  # deactivated and pending: not competing, not "present"
-        pool = pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
-        job = owner_of(w, g) if w.owner is not None else None
-        member = members.get(id(w)) if members else None
-        if member is None or member.workload is not w or member.job is not job \
-                or member.cluster_queue != cq or member.pool != pool:
-            team = team_of(w, settings, job.labels if (by_label and job) else None)
-            member = Member(w, job, team, cq, pool)
-        else:
-            team = member.team
+    for member in admitted:
+        w = member.workload
+        acc_vec = current.setdefault((member.pool, member.team), {})
+        held = known.get(id(w)) if known else None
+        if held is None or held[0] is not w or held[1] != card_mib:
+            held = (w, card_mib, admitted_usage(w, card_mib))
         if memo is not None:
-            seen[id(w)] = member
-        present.add((pool, team))
-        if w.quota_reserved:
-            admitted.append(member)
-            acc_vec = current.setdefault((pool, team), {})
-            held = known.get(id(w)) if known else None
-            if held is None or held[0] is not w or held[1] != card_mib:
-                held = (w, card_mib, admitted_usage(w, card_mib))
-            if memo is not None:
-                used[id(w)] = held
-            for dim, q in held[2].items():
-                acc_vec[dim] = acc_vec.get(dim, 0.0) + q
-        else:
-            pending.append(member)
+            used[id(w)] = held
+        for dim, q in held[2].items():
+            acc_vec[dim] = acc_vec.get(dim, 0.0) + q
 
     if memo is not None:
         memo.usage = used
@@ -689,6 +722,8 @@ class PlanMemo:
                                        Classified]] = {}
         self.shares: _ContextMemo[PoolTeam, tuple[Mapping[str, float], Vector, TeamShare]] = (
             _ContextMemo())
+        # What the Members were read with besides their Workloads and the team source.
+        self.account_context: object = None
 
 
 def _score_team(
