@@ -233,10 +233,12 @@ def test_a_memo_reused_across_cycles_gives_the_plan_without_it(data: st.DataObje
     world = World()
     memo = PlanMemo()
     last = None
+    # (the team source as well: a Member's team depends on it)
+    choices = {**SETTINGS, "by-queue": make_settings(team_source="localqueue")}
     for _ in range(data.draw(st.integers(3, 20))):
         for _ in range(data.draw(st.integers(0, 3))):
             event = step(data, world, last)
-        s = SETTINGS[data.draw(st.sampled_from(sorted(SETTINGS)))]
+        s = choices[data.draw(st.sampled_from(sorted(choices)))]
         if data.draw(st.booleans()):
             s = replace(s, gpu_memory_mib=data.draw(st.sampled_from([None, 16384, 81920])))
         snap = world.snapshot()
@@ -270,6 +272,33 @@ def test_a_memo_is_dropped_where_a_workload_or_what_it_reads_changes() -> None:
     world.workloads[w.key] = replace(w, annotations={APPROVED_ANNOTATION: "true"})
     check()
     world.now += timedelta(days=7)  # a rebase: every score moves
+    check()
+
+
+def test_a_memo_keeps_members_only_while_their_queues_and_owners_are_equal() -> None:
+    """A memoised plan reads its Members in bulk while the LocalQueues, ClusterQueues and
+    owners are equal; one of those changed (a LocalQueue moved to another ClusterQueue, an
+    owner Job's labels read for the team), the plan still equals the one without a memo."""
+    world = World()
+    for i, ns in enumerate(NAMESPACES * 3):
+        world.add(ns, LOCAL[i % 3], i % len(ANNOTATIONS), 60.0 * i, 1 + i % 3, owned=True)
+    for w in list(world.workloads.values())[::4]:
+        world.admit(w)
+    memo = PlanMemo()
+    s = make_settings(team_source="label", team_label_key="team")
+
+    def check() -> None:
+        snap = world.snapshot()
+        assert compute_plan(snap, s, world.now, memo=memo) == compute_plan(snap, s, world.now)
+
+    check()
+    check()
+    lq = world.local["team-1/q1"]
+    world.local[lq.key] = replace(lq, cluster_queue="b1" if lq.cluster_queue != "b1" else "a1")
+    check()
+    j = next(iter(world.jobs.values()))
+    world.jobs[f"{j.namespace}/{j.name}"] = replace(j, labels={"team": "elsewhere"})
+    check()
     check()
 
 
