@@ -452,6 +452,8 @@ class Scored:
     demand: Vector | None = None  # what it will reserve, in its pool's dimensions
     share: float = 0.0  # prospective weighted dominant share (its team's, once it is admitted)
     previous: int | None = None  # the fairness level the last plan wrote on it
+    # `_Demands.scaled` for it, when read while its Workload was read anyway (not an output)
+    scaled: tuple[Vector, _Scaled] | None = None
 
 
 def kueue_priority(w: Workload, c: Classified) -> int:
@@ -585,6 +587,10 @@ def score_pending(
     seen = memo.workloads.read((settings, acc.card_mib, mode, snapshot.quota_check)) \
         if memo is not None else None
     kept: dict[int, _WorkloadMemo] = {}
+    demands = _Demands(acc, settings)
+    # A demand read with the rest of its Workload (its objects are at hand), for its team's
+    # scoring.
+    early: dict[int, tuple[Vector, _Scaled]] = {}
     for i, m in enumerate(pending):
         w, job = m.workload, m.job
         parse_problems = g.workload_problems.get((w.namespace, w.name), ()) \
@@ -610,6 +616,8 @@ def score_pending(
             found = (w, job, (parse_problems, m.cluster_queue, held_by),
                      (c, tuple(problems), hami, queued_since(w, mode), kueue_priority(w, c),
                       c.current_boost or 0, None, ""), not blocking)
+            if not blocking:
+                early[i] = demands.scaled(w, m.pool)
         if memo is not None:
             kept[id(w)] = found
         fields_of.append(found[3])
@@ -623,7 +631,6 @@ def score_pending(
             out[i] = Scored(m, *found[3])
     if memo is not None:
         memo.workloads.keep(kept)
-    demands = _Demands(acc, settings)
     classes = _ClassTerms(settings)
     ref = reference(now, settings.rebase_period)
     scored_teams = memo.teams.read((settings, acc.card_mib, ref)) if memo is not None else None
@@ -645,6 +652,8 @@ def score_pending(
         queue = [Scored(m, *f) for m, f in zip(members, given, strict=True)]
         for i, s in zip(at, queue, strict=True):
             out[i] = s
+            if early:
+                s.scaled = early.get(i)
         _score_team(pool, team, sorted(queue, key=_team_order_key), acc, demands, classes,
                     settings, now)
         if memo is not None:
@@ -750,7 +759,8 @@ def _score_team(
         c = s.classified
         w = s.member.workload
         before, ranked_by = share, dominant
-        demand, scaled = demands.scaled(w, pool)
+        found = s.scaled
+        demand, scaled = found if found is not None else demands.scaled(w, pool)
         for dim, q, cd, rw in scaled:
             v = vec[dim] = vec.get(dim, 0.0) + q
             if cd and v / cd * rw / tw > share:  # (cd is 0.0 where the share ignores dim)
