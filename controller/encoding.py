@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from controller.config import REBASE_EPOCH_ISO
 from controller.domain import PriorityClass, RequeueTimestamp, Workload
-from controller.plan import TERMS_VERSION
+from controller.plan import GUARD_STATE, TERMS_VERSION
 
 if TYPE_CHECKING:
     from controller.config import PolicySettings
@@ -122,7 +122,7 @@ def pending_terms(
 def guard_terms(
     cls: PriorityClass, team: str, pool: str, override: int | None, priority: int
 ) -> str:
-    return (f"{TERMS_VERSION} class={_CLASS_NAME[cls]} team={team} pool={pool} state=admitted"
+    return (f"{TERMS_VERSION} class={_CLASS_NAME[cls]} team={team} pool={pool} state={GUARD_STATE}"
             f" override={'-' if override is None else override} priority={priority}")
 
 

@@ -30,6 +30,9 @@ from controller.usage import UsageHistory
 from controller.workload import TERMS_VERSION, Terms, change_is_eventful
 
 __all__ = [
+    "ADMITTED_STATES",
+    "EXPOSED_STATE",
+    "GUARD_STATE",
     "TERMS_VERSION",
     "Exposure",
     "ExposureReason",
@@ -42,9 +45,11 @@ __all__ = [
     "change_is_eventful",
     "current_positions",
     "head_first",
+    "lowers_admitted_value",
     "parse_terms",
     "pool_of",
     "positions_right",
+    "written_while_admitted",
 ]
 
 
@@ -205,6 +210,30 @@ def parse_terms(text: str | None) -> dict[str, str]:
     """The terms this controller wrote (`Terms.parse`), {} when absent or of another version."""
     terms = Terms.parse(text)
     return dict(terms) if terms.current else {}
+
+
+# The terms `state` of a value written while the Workload was admitted: its guard, or its
+# guard lowered to expose it (per `ExposureReason`). Pending values have no `state`.
+GUARD_STATE = "admitted"
+EXPOSED_STATE: Mapping[ExposureReason, str] = MappingProxyType({
+    ExposureReason.RECLAIM: "reclaimable", ExposureReason.TEAM_APPROVAL: "yielding"})
+ADMITTED_STATES = frozenset({GUARD_STATE, *EXPOSED_STATE.values()})
+
+
+def written_while_admitted(text: str | None) -> bool:
+    """Whether terms are those of a value written while the Workload was admitted (a guard or
+    an exposure). On a pending Workload: evicted since, and not written again yet."""
+    return text is not None and " state=" in text and parse_terms(text).get(
+        "state") in ADMITTED_STATES
+
+
+def lowers_admitted_value(d: WorkloadDecision, old_terms: str | None) -> bool:
+    """Whether writing a pending decision lowers a value written while its Workload was
+    admitted (`written_while_admitted`): the plan counted that Workload as a threat at its
+    target only (`policy.threat_value`), so this write must land before the guards and
+    exposures of its pool."""
+    return (not d.admitted and not d.leave_unchanged and d.target_priority < kueue_value(d)
+            and written_while_admitted(old_terms))
 
 
 

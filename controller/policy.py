@@ -91,6 +91,7 @@ from controller.encoding import (
 )
 from controller.hami import check_fraction, decide_hami
 from controller.plan import (
+    EXPOSED_STATE,
     Exposure,
     ExposureReason,
     HamiDecision,
@@ -99,13 +100,14 @@ from controller.plan import (
     TeamShare,
     WorkloadDecision,
     parse_terms,
+    written_while_admitted,
 )
 
 __all__ = ["PlanMemo", "clamp_int32", "compute_plan", "implied_base"]
 
 PoolTeam = tuple[str, str]
 # The priority-terms `state` of an exposed admitted Workload, per reason.
-_STATE = {ExposureReason.RECLAIM: "reclaimable", ExposureReason.TEAM_APPROVAL: "yielding"}
+_STATE = EXPOSED_STATE
 _UID, _NAMESPACE, _NAME = attrgetter("uid"), attrgetter("namespace"), attrgetter("name")
 _FINISHED = attrgetter("finished")
 
@@ -962,11 +964,24 @@ def _reach(queue: ClusterQueue | None) -> tuple[bool, bool]:
             pre.reclaim_within_cohort == "LowerPriority" or pre.borrow_within_cohort != "Never")
 
 
+def threat_value(s: Scored) -> int:
+    """The highest priority a pending Workload can preempt with while this plan is written:
+    the value Kueue sees now or this plan's target, whichever is higher (both exist until the
+    write lands) - except a value now that was written while the Workload was admitted (its
+    guard or exposure; evicted since): that one counts at its target only. The live
+    controller lowers it before it writes any guard or exposure of its pool, and writes none
+    of the pool's exposures when the lowering fails (`controller.live.writer`)."""
+    current = kueue_priority(s.member.workload, s.classified)
+    if current <= s.target or written_while_admitted(
+            s.member.workload.annotations.get(PRIORITY_TERMS_ANNOTATION)):
+        return s.target
+    return current
+
+
 def pending_threats(scored: Iterable[Scored], queues: Mapping[str, ClusterQueue]) -> Threats:
-    """The highest priority a pending Workload of each class has now or is given by this plan
-    (both values exist while the plan is being written), per ClusterQueue ("cq", name) for
-    what can preempt within it, and per pool ("pool", pool) for what can preempt across the
-    cohort by priority (`_reach`)."""
+    """The highest priority a pending Workload of each class can preempt with
+    (`threat_value`), per ClusterQueue ("cq", name) for what can preempt within it, and per
+    pool ("pool", pool) for what can preempt across the cohort by priority (`_reach`)."""
     out: dict[tuple[str, str, PriorityClass], int] = {}
     reach: dict[str | None, tuple[bool, bool]] = {}
     floor = INT32_MIN - 1
@@ -977,7 +992,7 @@ def pending_threats(scored: Iterable[Scored], queues: Mapping[str, ClusterQueue]
         if found is None:
             found = reach[cq] = _reach(queues.get(cq) if cq else None)
         within, across = found
-        value = max(s.target, kueue_priority(m.workload, c))
+        value = threat_value(s)
         if within and cq is not None:
             key = ("cq", cq, c.priority_class)
             if value > out.get(key, floor):
@@ -1255,12 +1270,11 @@ Ranked = Mapping[str, list[tuple[int, Scored]]]
 
 
 def rank_threats(scored: Iterable[Scored]) -> Ranked:
-    """Per pool, pending Workloads by the highest priority each has now or is given by this
-    plan (both exist while the plan is written), highest first."""
+    """Per pool, pending Workloads by the highest priority each can preempt with while the
+    plan is written (`threat_value`), highest first."""
     out: dict[str, list[tuple[int, Scored]]] = {}
     for s in scored:
-        value = max(s.target, kueue_priority(s.member.workload, s.classified))
-        out.setdefault(s.member.pool, []).append((value, s))
+        out.setdefault(s.member.pool, []).append((threat_value(s), s))
     for entries in out.values():
         entries.sort(key=lambda e: -e[0])
     return out

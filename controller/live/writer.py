@@ -4,11 +4,15 @@
   spec; the priority written after it then sticks.
 * Priority writes go in the order Kueue will use them (`controller.plan.head_first`), at most
   WRITE_BUDGET per cycle; the rest wait for the next cycle (re-planned then).
-* Admitted Workloads' guards are sent, and finished, before any other priority write: the
-  writes run concurrently, and a pending Workload's raise that landed before the guard it needs
-  would let Kueue preempt the admitted one. Where a guard did not land, the pool's other
-  priority writes are held for the next cycle (docs/policy.md, "Preemption: safe by
-  construction").
+* A pending Workload that still carries a value written while it was admitted (a guard or
+  an exposure: Kueue evicted it since) is lowered first, and those writes finish before any
+  other priority write: the plan counted it at its new value only (`policy.threat_value`).
+  Where such a lowering did not land, the pool's exposures are held for the next cycle.
+* Then admitted Workloads' guards (and exposures) are sent, and finished, before any other
+  priority write: the writes run concurrently, and a pending Workload's raise that landed
+  before the guard it needs would let Kueue preempt the admitted one. Where a guard or an
+  exposure did not land (or was held), the pool's other priority writes are held for the next
+  cycle (docs/policy.md, "Preemption: safe by construction").
 * Each outcome gets its Event (`controller.live.outcomes`), and per ClusterQueue the writer
   records whether Kueue's current order is the plan's (the convergence metrics).
 
@@ -32,6 +36,7 @@ from controller.plan import (
     WorkloadDecision,
     current_positions,
     head_first,
+    lowers_admitted_value,
     pool_of,
     positions_right,
 )
@@ -41,8 +46,24 @@ log = logging.getLogger(__name__)
 
 
 def order_writes(changes: list[Change], plan: Plan) -> list[Change]:
-    """Priority writes in the order Kueue will use them (`controller.plan.head_first`)."""
-    return head_first(changes, lambda c: c.decision, plan.decisions)
+    """Priority writes in the order Kueue will use them (`controller.plan.head_first`), after
+    the lowerings of values written while admitted (`is_lowering`), which the rest of the
+    plan counts on and a short budget must not leave out."""
+    ordered = head_first(changes, lambda c: c.decision, plan.decisions)
+    lowerings = [c for c in ordered if is_lowering(c)]
+    if not lowerings:
+        return ordered
+    return lowerings + [c for c in ordered if not is_lowering(c)]
+
+
+def is_lowering(change: Change) -> bool:
+    """A pending Workload's write that lowers a value written while it was admitted."""
+    return change.what == PRIORITY and lowers_admitted_value(change.decision, change.old_terms)
+
+
+def is_exposure(change: Change) -> bool:
+    b = change.decision.breakdown
+    return change.decision.admitted and b is not None and b.exposure is not None
 
 
 class CycleWriter:
@@ -73,14 +94,14 @@ class CycleWriter:
             info = workloads.get(outcome.change.decision.key)
             outcome_events(self.events, outcome, info.workload if info is not None else None)
 
-        guards, raises, held = self._guards_first(prio, after)
+        first, raises, held = self._guards_first(prio, over, after)
         if held:
-            log.warning("%d priority write(s) held for the next cycle: a guard in their pool "
-                        "did not land", len(held))
+            log.warning("%d priority write(s) held for the next cycle: a lowering, guard or "
+                        "exposure in their pool did not land", len(held))
             for c in held:
                 self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
         report = ApplyReport(
-            self.applier.apply(hami, after).outcomes + guards
+            self.applier.apply(hami, after).outcomes + first
             + self.applier.apply(raises, after).outcomes
             + [Outcome(c, DEFERRED) for c in [*held, *over]]
         )
@@ -89,19 +110,31 @@ class CycleWriter:
         return report
 
     def _guards_first(
-        self, prio: list[Change], after: Callable[[Outcome], None]
+        self, prio: list[Change], over: list[Change], after: Callable[[Outcome], None]
     ) -> tuple[list[Outcome], list[Change], list[Change]]:
-        """Sends the admitted Workloads' guards and waits for them. Returns their outcomes,
-        the writes to send now and the writes held (their pool's guard did not land)."""
-        guards = [c for c in prio if c.decision.admitted]
-        rest = [c for c in prio if not c.decision.admitted]
-        if not guards:
-            return [], rest, []
-        outcomes = self.applier.apply(guards, after).outcomes
-        unsafe = {pool_of(o.change.decision) for o in outcomes
-                  if o.result not in (APPLIED, NOOP)}
-        now: list[Change] = []
+        """Sends the lowerings of values written while admitted and waits for them, then the
+        admitted Workloads' guards and exposures, and waits for them. Returns their outcomes,
+        the writes to send now and the writes held: a pool's exposures where one of its
+        lowerings did not land (or is over the budget), and its pending writes where one of
+        its guards or exposures did not land or is held."""
+        lowerings = [c for c in prio if is_lowering(c)]
+        outcomes = self.applier.apply(lowerings, after).outcomes if lowerings else []
+        not_lowered = {pool_of(o.change.decision) for o in outcomes
+                       if o.result not in (APPLIED, NOOP)}
+        not_lowered |= {pool_of(c.decision) for c in over if is_lowering(c)}
+        guards: list[Change] = []
         held: list[Change] = []
+        for c in prio:
+            if c.decision.admitted:
+                exposure_held = is_exposure(c) and pool_of(c.decision) in not_lowered
+                (held if exposure_held else guards).append(c)
+        rest = [c for c in prio if not c.decision.admitted and not is_lowering(c)]
+        if guards:
+            outcomes += self.applier.apply(guards, after).outcomes
+        unsafe = {pool_of(o.change.decision) for o in outcomes
+                  if o.change.decision.admitted and o.result not in (APPLIED, NOOP)}
+        unsafe |= {pool_of(c.decision) for c in held}
+        now: list[Change] = []
         for c in rest:
             (held if pool_of(c.decision) in unsafe else now).append(c)
         return outcomes, now, held

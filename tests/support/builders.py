@@ -279,3 +279,12 @@ def written(snap: ClusterSnapshot, plan: Plan, *, boost: bool) -> ClusterSnapsho
             out.append(replace(w, annotations=ann, priority=d.target_priority
                                if w.priority is None else w.priority))
     return replace(snap, workloads=tuple(out))
+
+
+def evicted_while_admitted(w: Workload, value: int, terms: str) -> Workload:
+    """Pending `w` as Kueue requeues it after evicting it while admitted (PodsReadyTimeout,
+    preemption): it still carries the effective priority `value` (boost mode) and the
+    priority-terms written then (a guard's or an exposure's)."""
+    return replace(w, last_eviction=NOW, annotations={
+        **w.annotations, PRIORITY_TERMS_ANNOTATION: terms,
+        KUEUE_PRIORITY_BOOST_ANNOTATION: str(value - (w.priority or 0))})

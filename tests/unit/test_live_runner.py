@@ -14,8 +14,12 @@ from controller.domain import (
     BASE_PRIORITY_ANNOTATION,
     HAMI_GPU_POLICY_ANNOTATION,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
+    PriorityClass,
+    pool_key,
 )
+from controller.encoding import guard_terms
 from controller.live.api import (
     CLUSTER_QUEUES,
     CONFIG_MAPS,
@@ -689,6 +693,13 @@ def preempting_cluster(api: FakeApi) -> None:
     """`cluster` with a ClusterQueue whose preemption reaches admitted work, one admitted
     Workload in team-a and one pending in team-b (both normal): the plan guards the first
     and raises the second in the same cycle."""
+    preempting_queue(api)
+    admitted_workload(api, "team-a", "running", cpu="1")
+    workload(api, "team-b", "waiting")
+
+
+def preempting_queue(api: FakeApi) -> None:
+    """`cluster` with ClusterQueue `cq` (4 cores) preempting within itself (LowerPriority)."""
     cluster(api)
     api.put_object(CLUSTER_QUEUES.item("cq"), {
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
@@ -696,24 +707,23 @@ def preempting_cluster(api: FakeApi) -> None:
         "spec": {"preemption": {"withinClusterQueue": "LowerPriority"},
                  "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
                      {"name": "default", "resources": [{"name": "cpu", "nominalQuota": "4"}]}]}]}})
-    admitted_workload(api, "team-a", "running", cpu="1")
-    workload(api, "team-b", "waiting")
 
 
 class SlowGuardApi(FakeApi):
-    """Records when each Workload PATCH starts and ends; the guard's PATCH is slow, so a raise
-    sent concurrently would start (and end) before it."""
+    """Records when each Workload PATCH starts and ends; the PATCH of `slow` (the guard) is
+    slow, so a write sent concurrently would start (and end) before it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.timeline: list[tuple[str, str]] = []
+        self.slow = "running"
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         patch = method == "PATCH" and "/workloads/" in path
         name = path.rsplit("/", 1)[-1]
         if patch:
             self.timeline.append(("start", name))
-            if name == "running":
+            if name == self.slow:
                 time.sleep(0.3)
         try:
             return super().request(method, path, **kw)
@@ -750,6 +760,92 @@ def test_a_guard_that_does_not_land_holds_its_pools_raises_for_the_next_cycle() 
     resync(c)
     report = c.run_cycle(NOW + timedelta(seconds=10))
     assert report.applied is not None and report.applied.counts() == {"applied": 2}
+
+
+def reclaim_cluster(api: FakeApi) -> int:
+    """`preempting_queue` held by four team-a Workloads that started 2 h ago, team-b's `b0`
+    waiting, and team-a's `back`: evicted while it carried its guard (PodsReadyTimeout),
+    pending again with that value. With reclaim the plan lowers `back`, exposes team-a's last
+    started Workload (`a3`) to team-b, guards the others and raises `b0`. Returns the
+    guard."""
+    preempting_queue(api)
+    started = (NOW - timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for i in range(4):
+        wl = workload(api, "team-a", f"a{i}", minutes_ago=130 - i)
+        wl["status"] = {
+            "conditions": [{"type": "QuotaReserved", "status": "True",
+                            "lastTransitionTime": started}],
+            "admission": {"clusterQueue": "cq", "podSetAssignments": [
+                {"name": "main", "count": 1, "resourceUsage": {"cpu": "1"}, "flavors": {}}]}}
+        api.put_object(WORKLOADS.item(f"a{i}", "team-a"), wl)
+    workload(api, "team-b", "b0")
+    guard = RECLAIM_SETTINGS.guard(PriorityClass.NORMAL)
+    back = workload(api, "team-a", "back", minutes_ago=200, annotations={
+        KUEUE_PRIORITY_BOOST_ANNOTATION: str(guard),
+        PRIORITY_TERMS_ANNOTATION: guard_terms(PriorityClass.NORMAL, "team-a", pool_key("cq"),
+                                               None, guard)})
+    back["status"] = {"conditions": [{
+        "type": "Evicted", "status": "True", "reason": "PodsReadyTimeout",
+        "lastTransitionTime": (NOW - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")}]}
+    api.put_object(WORKLOADS.item("back", "team-a"), back)
+    return guard
+
+
+RECLAIM_ENV = {"RECLAIM_ENABLED": "true"}
+RECLAIM_SETTINGS = settings(**RECLAIM_ENV)
+
+
+def boost_of(api: FakeApi, ns: str, name: str) -> int:
+    ann = stored(api, ns, name)["metadata"].get("annotations") or {}
+    return int(ann.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0"))
+
+
+def test_a_value_written_while_admitted_is_lowered_before_guards_and_exposures() -> None:
+    api = SlowGuardApi()
+    api.slow = "back"
+    guard = reclaim_cluster(api)
+    c = controller(api, RECLAIM_SETTINGS)
+    report = c.run_cycle(NOW)
+    exposures = [d.key for d in report.plan.decisions
+                 if d.admitted and d.breakdown is not None and d.breakdown.exposure is not None]
+    assert exposures == ["team-a/a3"]
+    assert report.applied is not None and report.applied.counts() == {"applied": 6}
+    timeline = api.timeline
+    done = timeline.index(("end", "back"))
+    assert all(timeline.index(("start", name)) > done
+               for name in ("a0", "a1", "a2", "a3", "b0")), timeline
+    # LowerPriority: a3 at back's new value is safe from it, and below b0
+    assert boost_of(api, "team-a", "back") <= boost_of(api, "team-a", "a3") < guard
+    assert boost_of(api, "team-b", "b0") > boost_of(api, "team-a", "a3")
+
+
+def test_a_lowering_that_does_not_land_holds_its_pools_exposures_for_the_next_cycle() -> None:
+    api = FakeApi()
+    guard = reclaim_cluster(api)
+    c = controller(api, RECLAIM_SETTINGS)
+    api.fail("PATCH", "/workloads/back", 403, message="denied")
+    report = c.run_cycle(NOW)
+    assert report.applied is not None
+    results = {o.change.name: o.result for o in report.applied.outcomes}
+    # the guards go (they only protect); the exposure, and the raise it was for, wait
+    assert results == {"back": "failed", "a0": "applied", "a1": "applied", "a2": "applied",
+                       "a3": "deferred", "b0": "deferred"}
+    assert boost_of(api, "team-a", "a3") == 0 and boost_of(api, "team-b", "b0") == 0
+    assert boost_of(api, "team-a", "back") == guard
+    resync(c)
+    report = c.run_cycle(NOW + timedelta(seconds=10))
+    assert report.applied is not None and report.applied.counts() == {"applied": 3}
+    assert boost_of(api, "team-a", "back") <= boost_of(api, "team-a", "a3") < guard
+
+
+def test_a_short_budget_writes_the_lowering_first_and_holds_the_exposure() -> None:
+    api = FakeApi()
+    reclaim_cluster(api)
+    c = controller(api, settings(**RECLAIM_ENV, WRITE_BUDGET="1"))
+    report = c.run_cycle(NOW)
+    assert report.applied is not None
+    results = {o.change.name: o.result for o in report.applied.outcomes}
+    assert results["back"] == "applied" and results["a3"] == "deferred"
 
 
 def test_a_cycle_longer_than_the_interval_still_leaves_a_pause() -> None:

@@ -16,6 +16,7 @@ from decimal import Decimal
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from controller.classify import classify
 from controller.config import MAX_BOOST, Settings
 from controller.domain import (
     APPROVED_ANNOTATION,
@@ -24,6 +25,7 @@ from controller.domain import (
     INT32_MIN,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
     PRIORITY_OVERRIDE_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
     ClusterQueue,
     KueueApiVersion,
@@ -32,10 +34,10 @@ from controller.domain import (
     ResourceQuota,
     Workload,
 )
-from controller.encoding import formula_value, reference
-from controller.plan import Plan, WorkloadDecision
+from controller.encoding import exposed_terms, formula_value, guard_terms, reference
+from controller.plan import Plan, WorkloadDecision, lowers_admitted_value
 from controller.policy import compute_plan
-from tests.support.builders import NOW, snapshot, wl, written
+from tests.support.builders import NOW, evicted_while_admitted, snapshot, wl, written
 from tests.support.builders import settings as make_settings
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -274,21 +276,50 @@ def with_current(w: Workload, current: int) -> Workload:
                                    KUEUE_PRIORITY_BOOST_ANNOTATION: str(current)})
 
 
+# Which pending Workloads Kueue evicted while they were admitted (still carrying the value
+# written then: their guard, or an exposure's value below it), and at which fraction of it.
+stale_st = st.lists(st.one_of(st.none(), st.floats(0, 1)), min_size=1, max_size=12)
+
+
+def stale_pending(waiting: list[Workload], stale: list[float | None], s: Settings,
+                  ) -> list[Workload]:
+    """`waiting` with some of them evicted while admitted: each `stale` fraction x of its
+    class's guard (x = 1: the guard itself, `state=admitted`; below: an exposure,
+    `state=reclaimable`), None: never admitted."""
+    out = []
+    for i, w in enumerate(waiting):
+        x = stale[i % len(stale)]
+        if x is None:
+            out.append(w)
+            continue
+        cls = classify(w, None).priority_class
+        guard = s.guard(cls)
+        value = guard if x >= 1 else int(x * guard)
+        terms = (guard_terms(cls, w.namespace, "cq/cq", None, guard) if x >= 1 else
+                 exposed_terms(cls, w.namespace, "cq/cq", "reclaimable", ("team-b",), 2.0,
+                               value))
+        out.append(evicted_while_admitted(w, value, terms))
+    return out
+
+
 @FAST
 @given(usage_st, pending_st, st.sampled_from(CLASSES), st.booleans(),
        st.sampled_from(["LowerPriority", "LowerOrNewerEqualPriority"]),
-       st.lists(st.one_of(st.just(0), st.just(-1), st.floats(0, 1)), min_size=1, max_size=20))
+       st.lists(st.one_of(st.just(0), st.just(-1), st.floats(0, 1)), min_size=1, max_size=20),
+       stale_st)
 def test_no_pending_workload_can_preempt_an_admitted_one_of_its_class(
     usage: dict[str, tuple[int, int, int]], spec: list[tuple[int, PriorityClass, float]],
     admitted_cls: PriorityClass, approved_preempts: bool, within: str,
-    currents: list[float],
+    currents: list[float], stale: list[float | None],
 ) -> None:
     """After the plan is written, every admitted Workload is strictly above every pending
     Workload of its own class (and of approved, for normal, unless APPROVED_PREEMPTS_NORMAL),
-    whether the pending one carries its old or its new value: aging and fairness never make
-    Kueue preempt within a class, not even with LowerOrNewerEqualPriority. Guards are written
-    only where needed, so an admitted Workload may keep its earlier value (0, a pending value
-    of its class, or its guard). Urgent work still preempts lower classes."""
+    whether the pending one carries its old or its new value - except an old value written
+    while that Workload was admitted (a guard or exposure, evicted since), which is lowered
+    first and counts at its new value only: aging and fairness never make Kueue preempt
+    within a class, not even with LowerOrNewerEqualPriority. Guards are written only where
+    needed, so an admitted Workload may keep its earlier value (0, a pending value of its
+    class, or its guard). Urgent work still preempts lower classes."""
     s = S if not approved_preempts else make_settings(
         approved_preempts_normal=True, priority_class_unit=3000, max_aging_time=86400.0,
         rebase_period=86400.0)
@@ -305,7 +336,7 @@ def test_no_pending_workload_can_preempt_an_admitted_one_of_its_class(
 
     running = [with_current(w, current(i, class_of(w)))
                for i, w in enumerate(admitted(usage, admitted_cls))]
-    waiting = pending(spec)
+    waiting = stale_pending(pending(spec), stale, s)
     snap = replace(snapshot(running + waiting, gpus=16, teams=TEAMS),
                    cluster_queues=(preempting(within),))
     plan = compute_plan(snap, s, NOW)
@@ -323,9 +354,52 @@ def test_no_pending_workload_can_preempt_an_admitted_one_of_its_class(
                 cls is PriorityClass.NORMAL and pcls is PriorityClass.APPROVED
                 and not s.approved_preempts_normal)
             if protected:
-                assert max(d.target_priority, p.priority or 0) < after[a.key], (p.key, a.key)
+                old = (p.priority or 0) + int(p.annotations.get(
+                    KUEUE_PRIORITY_BOOST_ANNOTATION, "0"))
+                if lowers_admitted_value(d, p.annotations.get(PRIORITY_TERMS_ANNOTATION)):
+                    old = d.target_priority  # lowered before any guard is written
+                assert max(d.target_priority, old) < after[a.key], (p.key, a.key)
             else:  # a higher class: it may preempt (what "urgent" means to an admin)
                 assert d.target_priority > after[a.key], (p.key, a.key)
+
+
+@FAST
+@given(usage_st, pending_st, st.sampled_from(CLASSES),
+       st.lists(st.one_of(st.just(0), st.just(-1), st.floats(0, 1)), min_size=1, max_size=20),
+       stale_st)
+def test_a_value_written_while_admitted_moves_no_guard(
+    usage: dict[str, tuple[int, int, int]], spec: list[tuple[int, PriorityClass, float]],
+    admitted_cls: PriorityClass, currents: list[float], stale: list[float | None],
+) -> None:
+    """Pending Workloads still carrying a value written while they were admitted: every
+    admitted Workload gets exactly the decision it gets once those are lowered to the plan's
+    values (the lowering lands first; nothing is guarded, and later unguarded, for a value
+    that is being taken away)."""
+    def current(i: int) -> int:
+        x = currents[i % len(currents)]
+        if x == -1:
+            return S.guard(admitted_cls)
+        return 0 if x == 0 else S.class_term(admitted_cls) + int(x * S.band_span())
+
+    running = [with_current(w, current(i)) for i, w in enumerate(admitted(usage, admitted_cls))]
+    waiting = stale_pending(pending(spec), stale, S)
+    snap = replace(snapshot(running + waiting, gpus=16, teams=TEAMS),
+                   cluster_queues=(preempting(),))
+    plan = compute_plan(snap, S, NOW)
+    terms = {w.key: w.annotations.get(PRIORITY_TERMS_ANNOTATION) for w in waiting}
+    lowered = {d.key for d in plan.decisions
+               if d.key in terms and lowers_admitted_value(d, terms[d.key])}
+    assume(lowered)
+    landed = written(replace(snap, workloads=tuple(w for w in snap.workloads
+                                                   if w.key in lowered)), plan, boost=True)
+    by_key = {w.key: w for w in landed.workloads}
+    after = compute_plan(replace(snap, workloads=tuple(
+        by_key.get(w.key, w) for w in snap.workloads)), S, NOW)
+
+    def guards(p: Plan) -> list[tuple[str, int, str]]:
+        return [(d.key, d.target_priority, d.terms) for d in p.decisions if d.admitted]
+
+    assert guards(plan) == guards(after)
 
 
 @FAST

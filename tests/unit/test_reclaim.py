@@ -14,6 +14,7 @@ from controller.config import Settings
 from controller.domain import (
     APPROVED_ANNOTATION,
     GPU,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
     PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
     ApprovedScope,
@@ -25,9 +26,10 @@ from controller.domain import (
     ResourceQuota,
     Workload,
 )
-from controller.plan import ExposureReason, Plan, WorkloadDecision
+from controller.encoding import guard_terms
+from controller.plan import ExposureReason, Plan, WorkloadDecision, lowers_admitted_value
 from controller.policy import compute_plan
-from tests.support.builders import NOW, snapshot, wl
+from tests.support.builders import NOW, evicted_while_admitted, snapshot, wl, written
 from tests.support.builders import settings as make_settings
 
 HOUR = 3600.0
@@ -201,6 +203,59 @@ def test_a_victim_kueue_is_evicting_is_left_alone_and_covers_its_taker() -> None
     # a second taker still gets a victim of its own, another one
     _, more = plan_of([*leaving, waiting("b1", "team-b")], RECLAIM)
     assert len(exposed(more)) == 1 and victim not in exposed(more)
+
+
+def boosts(snap: ClusterSnapshot) -> dict[str, int]:
+    """The effective priority each admitted Workload carries (boost mode, base 0)."""
+    return {w.key: int(w.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0"))
+            for w in snap.workloads if w.quota_reserved}
+
+
+def rewritten(snap: ClusterSnapshot, plan: Plan) -> list[str]:
+    """The admitted Workloads `plan` writes: a target other than the value they carry."""
+    current = boosts(snap)
+    return [d.key for d in plan.decisions if d.admitted and d.target_boost != current[d.key]]
+
+
+def test_a_workload_evicted_while_guarded_threatens_at_its_new_value_only() -> None:
+    """A guarded Workload of the victims' team that Kueue evicted (PodsReadyTimeout) is pending
+    again with its guard: the plan lowers it and counts it at its new value, so the exposures
+    and guards already written stay as they are (no write withdraws them), and only the
+    lowering is written."""
+    items = [*_hog(), waiting("b0", "team-b"), waiting("b1", "team-b"),
+             waiting("a-next", "team-a", wait=5 * HOUR)]
+    snap, plan = plan_of(items, RECLAIM)
+    assert len(exposed(plan)) == 2
+    snap = written(snap, plan, boost=True)  # exposures and guards written
+    guard = RECLAIM.guard(N)
+    back = evicted_while_admitted(waiting("a-back", "team-a", wait=2 * HOUR), guard,
+                                  guard_terms(N, "team-a", "cq", None, guard))
+    again = compute_plan(replace(snap, workloads=(*snap.workloads, back)), RECLAIM, NOW)
+    lowered = next(d for d in again.decisions if d.key == "team-a/a-back")
+    assert lowered.target_priority < guard
+    assert lowers_admitted_value(lowered, back.annotations[PRIORITY_TERMS_ANNOTATION])
+    # every admitted decision is the value already written: nothing is guarded or unexposed
+    assert not rewritten(snap, again)
+    current = boosts(snap)
+    # the exposures still expose the victims to team-b only, above the lowered Workload
+    for key in exposed(plan):
+        assert value(again, "team-b/b0") > current[key] > lowered.target_priority
+
+
+def test_an_exposure_still_carried_by_a_pending_workload_counts_at_its_new_value() -> None:
+    """A victim Kueue preempted for another team comes back pending with its exposure's
+    value and terms (`state=reclaimable`): counted at its new value, like a guard."""
+    items = [*_hog(), waiting("b0", "team-b"), waiting("a-next", "team-a", wait=5 * HOUR)]
+    snap, plan = plan_of(items, RECLAIM)
+    snap = written(snap, plan, boost=True)
+    (victim,) = exposed(plan)
+    d = exposed(plan)[victim]
+    # a victim of an earlier cycle, preempted, back with its high exposure value
+    high = value(plan, "team-b/b0") + 10
+    back = evicted_while_admitted(waiting("a-old", "team-a", wait=HOUR), high, d.terms)
+    again = compute_plan(replace(snap, workloads=(*snap.workloads, back)), RECLAIM, NOW)
+    assert not rewritten(snap, again)  # the exposure stays, and nothing is guarded
+    assert value(again, "team-a/a-old") < d.target_priority
 
 
 # --------------------------------------------------------------------------------------------
