@@ -25,6 +25,11 @@ alone meanwhile: a guard written then took it out of Kueue's preemption under wa
 it back pending with the guard's value, above its preemptor, and it took its GPU back (the
 budget, reading Kueue's Preempted condition that readmission clears, then exposed another).
 
+A Workload Kueue evicted while it carried its guard comes back pending with that value: the
+controller lowers it, and the exposure of the victim it could have taken stays as it is (no
+write withdraws it and makes it again); once released, Kueue preempts the victim for the light
+Job and the lowered Workload preempts nothing.
+
 Two shorter tests: with reclaim on, an urgent Job preempts through the class guard as it did
 without (nothing exposed, the victim not taken twice); and with Kueue's Fair Sharing on
 per-team ClusterQueues the controller adds no reclaim to Kueue's (no heavy Workload exposed, no
@@ -47,7 +52,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from controller.domain import PRIORITY_TERMS_ANNOTATION, URGENT_ANNOTATION
+from controller.domain import PRIORITY_TERMS_ANNOTATION, URGENT_ANNOTATION, PriorityClass
 from tests.plane import live_helpers as h
 from tests.support import kube
 from tests.support.plane import Plane
@@ -212,6 +217,109 @@ def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
                 assert f"reclaimed-for={light}" in terms, terms
                 said = [e["message"] for e in h.events_for(api, heavy, v)]
                 assert any("reclaimable" in m and light in m for m in said), said
+    finally:
+        h.cleanup(api, [heavy, light], [cq])
+
+
+def stop_policy(api: k8s.ApiClient, ns: str, lq: str, policy: str) -> None:
+    """A LocalQueue's stopPolicy: `Hold` keeps its pending Workloads out of Kueue's scheduling
+    (nothing admitted, nothing preempted for them); `None` lets them in again."""
+    kube.request(api, "PATCH", kube.kueue_path("localqueues", lq, ns),
+                 {"spec": {"stopPolicy": policy}})
+
+
+def terms_of(api: k8s.ApiClient, ns: str, name: str) -> str:
+    wl = kube.get_workload(api, ns, name)
+    return str((wl["metadata"].get("annotations") or {}).get(PRIORITY_TERMS_ANNOTATION, ""))
+
+
+def test_a_workload_evicted_while_guarded_comes_back_without_unexposing_anything(
+    e2e_plane: Plane, api: k8s.ApiClient, kubeconfig: Path,
+) -> None:
+    """A heavy Workload Kueue evicted while it carried its guard comes back pending with that
+    value (its LocalQueue held meanwhile, as a requeue backoff after PodsReadyTimeout keeps it
+    from Kueue's scheduler): the controller lowers it, and the victim exposed to the light team
+    stays exposed - no write withdraws the exposure, none makes it again (apiserver audit log).
+    Released, Kueue preempts that victim for the light Job and the lowered Workload preempts
+    nothing (Kueue's own conditions and Preempted Events)."""
+    heavy, light = kube.create_namespace(api), kube.create_namespace(api)
+    cq = kube.unique_name("cq-back")
+    kube.create_cluster_queue(
+        api, cq, {GPU: 6}, preemption={"withinClusterQueue": "LowerPriority"},
+        namespace_selector={"matchExpressions": [{"key": "kubernetes.io/metadata.name",
+                                                  "operator": "In", "values": [heavy, light]}]})
+    for ns in (heavy, light):
+        kube.create_local_queue(api, ns, "lq", cq)
+    stop_policy(api, light, "lq", "Hold")  # the light Job waits, exposure in place
+    try:
+        held: list[str] = []
+        for i in range(6):
+            if i >= 4:
+                time.sleep(1.1)  # h-4, then h-5 started last (start times: 1 s resolution)
+            h.create_job(api, heavy, f"h-{i}", "lq", requests={GPU: "1"})
+            held.append(h.job_workload(api, heavy, f"h-{i}"))
+            kube.wait_for_workload_condition(api, heavy, held[-1], "QuotaReserved")
+        h0, victim, others = held[0], held[5], held[1:5]
+        settings = h.live_settings(
+            RESOURCE_WEIGHTS="{nvidia.com/gpu: 1}", RECLAIM_ENABLED="true",
+            MIN_RUNTIME=f"{MIN_RUNTIME:g}s", RECLAIM_BUDGET_PER_HOUR="10",
+            LOOP_INTERVAL=f"{LOOP:g}")
+        c = h.new_controller(kubeconfig, settings)
+        with h.started(c, loop=True):
+            h.create_job(api, light, "l-0", "lq", requests={GPU: "2"})
+            l0 = h.job_workload(api, light, "l-0")
+            # heavy's own waiting Job: the exposures stay above it (it must not take them)
+            h.create_job(api, heavy, "h-wait", "lq", requests={GPU: "1"})
+            waiting = h.job_workload(api, heavy, "h-wait")
+            # heavy holds 2x its entitlement: h-5 and h-4 exposed, the others guarded
+            kube.wait_for(lambda: "state=admitted" in terms_of(api, heavy, h0)
+                          and "state=reclaimable" in terms_of(api, heavy, victim), 60,
+                          "h-0 guarded and h-5 exposed to the light team",
+                          lambda: h.dump_workloads(api, [heavy, light]))
+            # Kueue evicts h-0 (guarded); it frees its GPU (held for no one: heavy's queue is
+            # on hold), so the light Job needs one victim.
+            stop_policy(api, heavy, "lq", "Hold")
+            h.release(api, heavy, h0)
+            assert "state=admitted" in terms_of(api, heavy, h0)
+            time.sleep(4 * LOOP)  # the plan settles: h-5 exposed, h-1 to h-4 guarded
+            assert "state=reclaimable" in terms_of(api, heavy, victim), (
+                h.dump_workloads(api, [heavy, light]))
+
+            def writes_to(name: str) -> int:
+                return sum(1 for e in e2e_plane.audit_events("wdrf-controller")
+                           if e.get("verb") == "patch" and e.get("stage") == "ResponseComplete"
+                           and (e.get("objectRef") or {}).get("namespace") == heavy
+                           and (e.get("objectRef") or {}).get("name") == name)
+
+            before = {w: writes_to(w) for w in held[1:]}
+            kube.patch_workload(api, heavy, h0, {"spec": {"active": True}})
+            kube.wait_for(lambda: " state=" not in terms_of(api, heavy, h0), 30,
+                          "the controller to lower h-0 (pending again with its guard)",
+                          lambda: h.dump_workloads(api, [heavy, light]))
+            time.sleep(5 * LOOP)  # several cycles: an exposure withdrawn would be made again
+            after = {w: writes_to(w) for w in held[1:]}
+            assert after == before, (before, after, h.dump_workloads(api, [heavy, light]))
+            assert "state=reclaimable" in terms_of(api, heavy, victim), terms_of(
+                api, heavy, victim)
+            boost = kube.get_workload(api, heavy, h0)["metadata"]["annotations"]
+            assert int(boost.get("kueue.x-k8s.io/priority-boost", "0")) < settings.guard(
+                PriorityClass.NORMAL), boost
+
+            # Released: the light Job first (it takes the free GPU and h-5's), then h-0.
+            stop_policy(api, light, "lq", "None")
+            kube.wait_for_workload_condition(api, light, l0, "QuotaReserved", timeout=30)
+            stop_policy(api, heavy, "lq", "None")
+            time.sleep(4 * LOOP)
+            assert set(preempted(api, heavy)) == {victim}, sorted(preempted(api, heavy))
+            uid = kube.get_workload(api, light, l0)["metadata"]["uid"]
+            assert kueue_preemptions(api, heavy) == [
+                (victim, uid, "prioritization in the ClusterQueue")], kueue_preemptions(
+                    api, heavy)
+            for w in others:
+                assert kube.has_condition(kube.get_workload(api, heavy, w), "QuotaReserved"), (
+                    kube.describe_workload(kube.get_workload(api, heavy, w)))
+            assert kube.is_pending(kube.get_workload(api, heavy, h0))
+            assert kube.is_pending(kube.get_workload(api, heavy, waiting))
     finally:
         h.cleanup(api, [heavy, light], [cq])
 
