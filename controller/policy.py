@@ -735,6 +735,11 @@ class PlanMemo:
             _ContextMemo())
         # What the Members were read with besides their Workloads and the team source.
         self.account_context: object = None
+        # Guards by (class, team, pool, base, override), and each admitted Workload's guard
+        # decision by its id: (Workload, Classified, guard, ClusterQueue, decision).
+        self.guards: _ContextMemo[tuple[object, ...], _GuardMemo] = _ContextMemo()
+        self.guard_decisions: dict[int, tuple[Workload, Classified, _GuardMemo, str | None,
+                                              WorkloadDecision]] = {}
 
 
 def _score_team(
@@ -1299,6 +1304,7 @@ def exposed_range(ranked: list[tuple[int, Scored]], protected: tuple[PriorityCla
 def guard_admitted(
     acc: Accounts, g: Gathered, settings: PolicySettings, now: datetime, scored: list[Scored],
     victims: Mapping[str, Victim], admitted_classes: Mapping[str, Classified],
+    memo: PlanMemo | None = None,
 ) -> list[WorkloadDecision]:
     """Admitted Workloads that preemption can reach get their class guard once a pending
     Workload that must not preempt them reaches their priority (this plan's values included:
@@ -1314,8 +1320,14 @@ def guard_admitted(
     ref = reference(now, settings.rebase_period)
     threats = pending_threats(scored, g.queues)
     ranked = rank_threats(scored) if victims else {}
-    # Guards of one (class, team, pool, base, override) share their breakdown and terms.
-    shared: dict[tuple[object, ...], tuple[PriorityBreakdown, str, int, str]] = {}
+    # Guards of one (class, team, pool, base, override) share their breakdown and terms
+    # (the memo's while the team's share, level and the settings and reference are equal).
+    shared: dict[tuple[object, ...], _GuardMemo] = {}
+    known = memo.guards.read((settings, ref)) if memo is not None else None
+    # An admitted Workload's guard decision: the memo's while the Workload, its Classified,
+    # shared guard and ClusterQueue are the same.
+    made = memo.guard_decisions if memo is not None else None
+    kept: dict[int, tuple[Workload, Classified, _GuardMemo, str | None, WorkloadDecision]] = {}
     # The highest threat to a class, per (pool, ClusterQueue, class).
     highest: dict[tuple[str, str | None, PriorityClass], int] = {}
     out: list[WorkloadDecision] = []
@@ -1367,30 +1379,48 @@ def guard_admitted(
         key = (cls, m.team, m.pool, c.base, c.override)
         hit = shared.get(key)
         if hit is None:
-            target = c.override if c.override is not None else classes.guard[cls]
-            boost, clamped = _boost(target, c.base)
             ts = acc.shares.get((m.pool, m.team))
-            breakdown = PriorityBreakdown(
-                cls, classes.weight[cls], classes.term[cls], m.team, m.pool,
-                ts.dominant_resource if ts else None, ts.dominant_share if ts else 0.0,
-                ts.level if ts else 0, 0, ref, ref, 0, c.base, 0, c.override, target,
-                True, clamped,
-            )
-            hit = (breakdown, guard_terms(cls, m.team, m.pool, c.override, target), boost,
-                   clamped)
+            share = (ts.dominant_resource, ts.dominant_share, ts.level) if ts else (
+                None, 0.0, 0)
+            hit = known.get(key) if known else None
+            if hit is None or hit[4] != share:
+                target = c.override if c.override is not None else classes.guard[cls]
+                boost, clamped = _boost(target, c.base)
+                breakdown = PriorityBreakdown(
+                    cls, classes.weight[cls], classes.term[cls], m.team, m.pool, *share, 0,
+                    ref, ref, 0, c.base, 0, c.override, target, True, clamped,
+                )
+                hit = (breakdown, guard_terms(cls, m.team, m.pool, c.override, target), boost,
+                       clamped, share)
             shared[key] = hit
-        breakdown, terms, boost, clamped = hit
+        prior = made.get(id(w)) if made else None
+        if prior is not None and prior[0] is w and prior[1] is c and prior[2] is hit \
+                and prior[3] == m.cluster_queue:
+            kept[id(w)] = prior
+            out.append(prior[4])
+            continue
+        breakdown, terms, boost, clamped, _share = hit
         problems = c.problems
         if clamped:
             problems = (*problems, InputProblem(w.ref, "spec.priority", str(c.base), clamped))
-        out.append(WorkloadDecision(
-            key=w.key, uid=w.uid, cluster_queue=m.cluster_queue, team=m.team, rank=-1,
-            base_priority=c.base, current_priority=w.priority, current_boost=c.current_boost,
-            target_boost=boost, target_priority=breakdown.priority, breakdown=breakdown,
-            problems=problems, admitted=True, terms=terms,
-        ))
-    out.sort(key=lambda d: d.key)
+        # (positional: the fields in order, as `WorkloadDecision` declares them)
+        d = WorkloadDecision(
+            wkey, w.uid, m.cluster_queue, m.team, -1, c.base, w.priority, c.current_boost,
+            boost, breakdown.priority, breakdown, None, problems, False, True, terms)
+        if memo is not None:
+            kept[id(w)] = (w, c, hit, m.cluster_queue, d)
+        out.append(d)
+    if memo is not None:
+        memo.guards.keep(shared)
+        memo.guard_decisions = kept
+    out.sort(key=_KEY)
     return out
+
+
+# Guards of one (class, team, pool, base, override): (breakdown, terms, boost, why clamped,
+# the team's (dominant resource, dominant share, level) they were made with).
+_GuardMemo = tuple[PriorityBreakdown, str, int, str, tuple[str | None, float, int]]
+_KEY = attrgetter("key")
 
 
 def _exposed(m: Member, c: Classified, acc: Accounts, classes: _ClassTerms, target: int,
@@ -1585,7 +1615,8 @@ def compute_plan(
     victims = choose_victims(acc, g, scored, settings, now, admitted_classes)
     nudge_takers(scored, victims, settings)
     decisions = order(scored, memo)
-    decisions += guard_admitted(acc, g, settings, now, scored, victims, admitted_classes)
+    decisions += guard_admitted(acc, g, settings, now, scored, victims, admitted_classes,
+                                memo)
     return Plan(
         now=now,
         decisions=tuple(decisions),

@@ -29,6 +29,7 @@ from controller.domain import (
     LocalQueue,
     ObjectRef,
     Preemption,
+    PriorityClass,
     ResourceQuota,
     Workload,
     frozen_resources,
@@ -300,6 +301,31 @@ def test_a_memo_keeps_members_only_while_their_queues_and_owners_are_equal() -> 
     world.jobs[f"{j.namespace}/{j.name}"] = replace(j, labels={"team": "elsewhere"})
     check()
     check()
+
+
+def test_a_memoised_guard_follows_its_cluster_queue() -> None:
+    """An admitted Workload's guard decision comes from the memo only while its ClusterQueue
+    is the same: one holding quota without `status.admission` follows its LocalQueue, here to
+    another ClusterQueue of the same cohort (same pool, team and guard)."""
+    s = Settings()
+    world = World()
+    world.add("team-0", "q0", 0, 60.0, 1, owned=False)  # team-0/q0 -> a1 (cohort A)
+    w = next(iter(world.workloads.values()))
+    at_guard = str(s.guard(PriorityClass.NORMAL) - (w.priority or 0))
+    world.workloads[w.key] = replace(w, quota_reserved=True, admitted=True, admission=None,
+                                     annotations={KUEUE_PRIORITY_BOOST_ANNOTATION: at_guard})
+    memo = PlanMemo()
+
+    def queue() -> str | None:
+        snap = world.snapshot()
+        plan = compute_plan(snap, s, world.now, memo=memo)
+        assert plan == compute_plan(snap, s, world.now)
+        return next(d.cluster_queue for d in plan.decisions if d.key == w.key)
+
+    assert queue() == "a1"
+    assert queue() == "a1"
+    world.local["team-0/q0"] = replace(world.local["team-0/q0"], cluster_queue="a2")
+    assert queue() == "a2"
 
 
 def test_only_the_changed_pool_is_planned_again() -> None:
