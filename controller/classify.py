@@ -143,20 +143,37 @@ def stand_in_values(settings: PolicySettings) -> dict[str, int]:
     return {f"wdrf-{c.value}": settings.stand_in_value(c) for c in PriorityClass}
 
 
-def stand_in_warnings(workloads: Iterable[Workload], settings: PolicySettings) -> list[str]:
+StandIns = dict[int, tuple[Workload, "tuple[str, int | None] | None"]]
+
+
+def stand_in_warnings(workloads: Iterable[Workload], settings: PolicySettings,
+                      known: StandIns | None = None) -> list[str]:
     """One warning per class stand-in whose value, as Kueue gave it to a Workload (its base:
     spec.priority without this controller), is not what these settings need
     (`PolicySettings.stand_in_value`): the classes would not hold, or approved work would
-    preempt normal work, while the controller is down. The first such Workload is named."""
+    preempt normal work, while the controller is down. The first such Workload is named.
+    `known`: each Workload's `stand_in` by id, kept from one call to the next (replaced by
+    this call's)."""
     want = stand_in_values(settings)
     seen: dict[str, tuple[int, str]] = {}
+    kept: StandIns = {}
     for w in filter(_OF_PRIORITY_CLASS, workloads):  # (filtered in C: every Workload)
-        found = stand_in(w)
+        if known is None:
+            found = stand_in(w)
+        else:
+            hit = known.get(id(w))
+            if hit is None or hit[0] is not w:
+                hit = (w, stand_in(w))
+            kept[id(w)] = hit
+            found = hit[1]
         if found is None or found[0] in seen:
             continue
         name, base = found
         if base is not None and base != want[name]:
             seen[name] = (base, w.key)
+    if known is not None:
+        known.clear()
+        known.update(kept)
     return stand_in_report(seen, settings)
 
 

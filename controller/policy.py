@@ -55,6 +55,7 @@ from controller.accounting import (
 )
 from controller.classify import (
     Classified,
+    StandIns,
     clamp_int32,
     classify,
     implied_base,
@@ -735,6 +736,7 @@ class PlanMemo:
             _ContextMemo())
         # What the Members were read with besides their Workloads and the team source.
         self.account_context: object = None
+        self.stand_ins: StandIns = {}  # `classify.stand_in` by Workload id
         # Guards by (class, team, pool, base, override), and each admitted Workload's guard
         # decision by its id: (Workload, Classified, guard, ClusterQueue, decision).
         self.guards: _ContextMemo[tuple[object, ...], _GuardMemo] = _ContextMemo()
@@ -1625,7 +1627,8 @@ def compute_plan(
         warnings=(*plan_warnings(
             g.queues.values(), sum(1 for m in acc.pending if m.cluster_queue is None),
             {team for (_pool, team) in acc.shares}, acc.capacity_known,
-            stand_in_warnings(g.workloads, configured), configured),
+            stand_in_warnings(g.workloads, configured,
+                              memo.stand_ins if memo is not None else None), configured),
             *weight_notes),
         history=acc.history,
         pool_shares=acc.shares,
