@@ -498,6 +498,16 @@ def _team_order_key(s: Scored) -> tuple[int, datetime, int, str]:
     return (_CLASS_RANK[s.classified.priority_class], s.since, -s.target, s.member.workload.uid)
 
 
+def _shape_key(w: Workload, pool: str) -> tuple[object, ...] | None:
+    """What a one-pod-set, one-container Workload's demand in a pool depends on (None for any
+    other shape: read each time). Equal Decimals are the same number: the same floats, whatever
+    their spelling."""
+    if len(w.pod_sets) == 1 and len(w.pod_sets[0].containers) == 1:
+        ps = w.pod_sets[0]
+        return (pool, ps.count, *ps.containers[0].resources.items())
+    return None
+
+
 class _Demands:
     """Pending demands in each pool's dimensions (one flavor map per pool). Workloads of one
     shape (one pod set of one container, the same count and resources: the Jobs of one
@@ -518,11 +528,8 @@ class _Demands:
         return found
 
     def of(self, w: Workload, pool: str) -> Vector:
-        key: tuple[object, ...] | None = None
-        if len(w.pod_sets) == 1 and len(w.pod_sets[0].containers) == 1:
-            # Equal Decimals are the same number: the same floats, whatever their spelling.
-            ps = w.pod_sets[0]
-            key = (pool, ps.count, *ps.containers[0].resources.items())
+        key = _shape_key(w, pool)
+        if key is not None:
             found = self._shapes.get(key)
             if found is not None:
                 return found
@@ -538,10 +545,8 @@ class _Demands:
         """`of`, with per dimension (dimension, quantity, the pool's capacity, the resource's
         weight) - capacity 0.0 where the dimension has no capacity or no weight (the share
         ignores it). Needs the settings."""
-        key: tuple[object, ...] | None = None
-        if len(w.pod_sets) == 1 and len(w.pod_sets[0].containers) == 1:
-            ps = w.pod_sets[0]
-            key = (pool, ps.count, *ps.containers[0].resources.items())
+        key = _shape_key(w, pool)
+        if key is not None:
             found = self._scaled.get(key)
             if found is not None:
                 return found
