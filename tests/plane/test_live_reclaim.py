@@ -104,17 +104,24 @@ def since(wl: kube.Obj, cond: str) -> datetime:
     return ts(c["lastTransitionTime"])
 
 
-def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
-    e2e_plane: Plane, api: k8s.ApiClient, kubeconfig: Path,
-) -> None:
+def two_teams_one_queue(api: k8s.ApiClient, prefix: str, gpus: int) -> tuple[str, str, str]:
+    """Two fresh team namespaces (heavy, light), each with LocalQueue "lq" on one new
+    ClusterQueue of `gpus` GPUs that preempts within itself by priority (LowerPriority)."""
     heavy, light = kube.create_namespace(api), kube.create_namespace(api)
-    cq = kube.unique_name("cq-reclaim")
+    cq = kube.unique_name(prefix)
     kube.create_cluster_queue(
-        api, cq, {GPU: 8}, preemption={"withinClusterQueue": "LowerPriority"},
+        api, cq, {GPU: gpus}, preemption={"withinClusterQueue": "LowerPriority"},
         namespace_selector={"matchExpressions": [{"key": "kubernetes.io/metadata.name",
                                                   "operator": "In", "values": [heavy, light]}]})
     for ns in (heavy, light):
         kube.create_local_queue(api, ns, "lq", cq)
+    return heavy, light, cq
+
+
+def test_reclaim_after_min_runtime_only_as_needed_within_the_budget(
+    e2e_plane: Plane, api: k8s.ApiClient, kubeconfig: Path,
+) -> None:
+    heavy, light, cq = two_teams_one_queue(api, "cq-reclaim", 8)
     wl_of: dict[str, str] = {}  # job name -> Workload name
 
     def submit(ns: str, job: str) -> str:
@@ -242,14 +249,7 @@ def test_a_workload_evicted_while_guarded_comes_back_without_unexposing_anything
     stays exposed - no write withdraws the exposure, none makes it again (apiserver audit log).
     Released, Kueue preempts that victim for the light Job and the lowered Workload preempts
     nothing (Kueue's own conditions and Preempted Events)."""
-    heavy, light = kube.create_namespace(api), kube.create_namespace(api)
-    cq = kube.unique_name("cq-back")
-    kube.create_cluster_queue(
-        api, cq, {GPU: 6}, preemption={"withinClusterQueue": "LowerPriority"},
-        namespace_selector={"matchExpressions": [{"key": "kubernetes.io/metadata.name",
-                                                  "operator": "In", "values": [heavy, light]}]})
-    for ns in (heavy, light):
-        kube.create_local_queue(api, ns, "lq", cq)
+    heavy, light, cq = two_teams_one_queue(api, "cq-back", 6)
     stop_policy(api, light, "lq", "Hold")  # the light Job waits, exposure in place
     try:
         held: list[str] = []
@@ -330,14 +330,7 @@ def test_under_reclaim_urgent_work_preempts_as_before(
     """Reclaim on, nothing reclaimable yet (MIN_RUNTIME 1h): a light normal Job waits, an
     urgent one preempts one heavy Job at once, through the class guard as without reclaim,
     and the victim is not exposed, not taken again, and does not take its GPU back."""
-    heavy, light = kube.create_namespace(api), kube.create_namespace(api)
-    cq = kube.unique_name("cq-urgent")
-    kube.create_cluster_queue(
-        api, cq, {GPU: 4}, preemption={"withinClusterQueue": "LowerPriority"},
-        namespace_selector={"matchExpressions": [{"key": "kubernetes.io/metadata.name",
-                                                  "operator": "In", "values": [heavy, light]}]})
-    for ns in (heavy, light):
-        kube.create_local_queue(api, ns, "lq", cq)
+    heavy, light, cq = two_teams_one_queue(api, "cq-urgent", 4)
     try:
         held = []
         for i in range(4):
