@@ -562,6 +562,11 @@ class PolicySettings(HamiSettings):
         "REQUEUE_TIMESTAMP", RequeueTimestampSetting.AUTO, p_requeue_timestamp,
         "where a requeued Workload's wait starts (auto: Kueue's config, else eviction)",
     )
+    kueue_fair_sharing: bool = setting(
+        "KUEUE_FAIR_SHARING", False, p_bool,
+        "Kueue runs Fair Sharing (its config's fairSharing): across a cohort's ClusterQueues it "
+        "orders by share, so a value is kept wherever its ClusterQueue's order stays exact",
+    )
     # --- accounting ---
     resource_weights: Mapping[str, float] = setting(
         "RESOURCE_WEIGHTS", _DEFAULT_RESOURCE_WEIGHTS, p_resource_weights, "per-resource weight"

@@ -836,7 +836,13 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
     value, so a level that moves without changing the order costs no write - the head of a
     queue rising further, a Workload alone in its band, a team's Workloads that move together
     past no one. Of the Workloads that could keep their value, the most that can together
-    (`_most_kept`) do."""
+    (`_most_kept`) do.
+
+    With KUEUE_FAIR_SHARING the order kept exact is each ClusterQueue's own (Workloads with
+    no ClusterQueue: their pool's): across the ClusterQueues of a cohort Kueue then orders
+    the heads by dominant resource share, and priority decides only between heads of exactly
+    equal share - a rare tie whose order a kept value may change, accepted for the writes it
+    saves (a team's level change in its own ClusterQueue costs none)."""
     levels = settings.fairness_levels
     candidates: dict[int, tuple[int, str]] = {}
     for s in scored:
@@ -856,10 +862,13 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
         candidates[id(s)] = (current, terms)
     if not candidates:
         return
-    pools: dict[str, list[Scored]] = {}
+    by_queue = settings.kueue_fair_sharing
+    groups: dict[tuple[str, str], list[Scored]] = {}
     for s in scored:
-        pools.setdefault(s.member.pool, []).append(s)
-    for members in pools.values():
+        cq = s.member.cluster_queue
+        key = ("cq", cq) if by_queue and cq is not None else ("pool", s.member.pool)
+        groups.setdefault(key, []).append(s)
+    for members in groups.values():
         if not any(id(s) in candidates for s in members):
             continue
         keyed = sorted((((-s.target, s.since.timestamp(), s.member.workload.uid), s)

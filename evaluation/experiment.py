@@ -283,17 +283,21 @@ def make_policy(key: str, opts: Options, zero: datetime, settings: Settings,
         return WdrfKueue(base, zero), k
     if key == "wdrf-hami":
         return WdrfKueue(base, zero, name="WDRF, plan's HAMi packing", apply_hami=True), k
+    # Kueue runs Fair Sharing in the wdrf-fs rows, so the controller is told so there (a
+    # variant may still set KUEUE_FAIR_SHARING=false).
+    fs_base = with_overrides(base, kueue_fair_sharing=True)
     if key == "wdrf-fs":
         fs = replace(k, topology=COHORT, fair_sharing=True,
                      reclaim_within_cohort=ANY if k.within_cluster_queue != NEVER else NEVER)
-        return WdrfKueue(base, zero, name=WDRF_FS_NAME), fs
+        return WdrfKueue(fs_base, zero, name=WDRF_FS_NAME), fs
     if key.startswith(("wdrf:", "wdrf-fs:")):
-        s = with_overrides(base, **parse_variant(key))
         label = ", ".join(kv.replace("=", " ", 1) for kv in key.split(":")[1:] if kv.strip())
         if key.startswith("wdrf-fs:"):
+            s = with_overrides(fs_base, **parse_variant(key))
             fs = replace(k, topology=COHORT, fair_sharing=True,
                          reclaim_within_cohort=ANY if k.within_cluster_queue != NEVER else NEVER)
             return WdrfKueue(s, zero, name=f"{WDRF_FS_NAME}, {label}"), fs
+        s = with_overrides(base, **parse_variant(key))
         return WdrfKueue(s, zero, name=f"WDRF, {label}"), k
     if key.startswith("wdrf-halflife="):
         hl = float(key.split("=", 1)[1]) * 3600.0

@@ -108,7 +108,8 @@ def test_the_recommended_setup_applies_and_kueue_admits_from_it(
         kube.wait_for(lambda: kube.is_pending(kube.workload_for_job(api, ns, "too-big")), 60,
                       "the too-big Job's Workload pending")
         env = {**os.environ, "KUBECONFIG_PATH": str(kubeconfig), "METRICS_PORT": "0",
-               "LEADER_ELECTION": "false", "CAPACITY_SOURCE": "quota", "COLUMNS": "200"}
+               "LEADER_ELECTION": "false", "CAPACITY_SOURCE": "quota", "COLUMNS": "200",
+               "KUEUE_FAIR_SHARING": "true"}
         out = subprocess.run([sys.executable, "-m", "controller", "--dry-run", "--once",
                               "--config", str(ROOT / "config.yaml"), "-o", "json"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,

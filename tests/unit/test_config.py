@@ -59,6 +59,18 @@ def test_structured_env_values() -> None:
     assert s.hami_rules == (HamiRule(priority_class="urgent", node_policy="spread"),)
 
 
+def test_kueue_fair_sharing_is_off_unless_set(tmp_path: Path) -> None:
+    """Off by default (keep_order keeps each pool's order exact); on from the file, the
+    environment or the command line."""
+    assert Settings().kueue_fair_sharing is False
+    assert load_settings(REPO / "config.yaml", env={}).kueue_fair_sharing is False
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("KUEUE_FAIR_SHARING: true\n")
+    assert load_settings(cfg, env={}).kueue_fair_sharing is True
+    assert load_settings(cfg, env={"KUEUE_FAIR_SHARING": "false"}).kueue_fair_sharing is False
+    assert load_settings(env={}, overrides={"KUEUE_FAIR_SHARING": "true"}).kueue_fair_sharing
+
+
 def test_every_error_at_once(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("AGING_COEFICIENT: 1\nLOG_FORMAT: xml\nMETRICS_PORT: 70000\n")
@@ -95,6 +107,7 @@ def test_every_error_at_once(tmp_path: Path) -> None:
         ({"HAMI_RULES": "[{color: red, nodePolicy: spread}]"}, "HAMI_RULES"),
         ({"LOG_LEVEL": "loud"}, "LOG_LEVEL"),
         ({"LEADER_ELECTION": "maybe"}, "LEADER_ELECTION"),
+        ({"KUEUE_FAIR_SHARING": "maybe"}, "KUEUE_FAIR_SHARING"),
         ({"PRIORITY_MODE": "fast"}, "PRIORITY_MODE"),
     ],
 )

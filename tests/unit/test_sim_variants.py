@@ -55,6 +55,19 @@ def test_every_policy_runs_under_the_same_kueue_settings_but_fair_sharing() -> N
     assert never.within_cluster_queue == NEVER and never.reclaim_within_cohort == NEVER
 
 
+@pytest.mark.parametrize(("key", "on"), [
+    ("wdrf", False), ("wdrf:USAGE_HALF_LIFE=7d", False), ("wdrf-fs", True),
+    ("wdrf-fs@4/2/1", True), ("wdrf-fs:USAGE_HALF_LIFE=7d", True),
+    ("wdrf-fs:KUEUE_FAIR_SHARING=false", False),
+])
+def test_the_controller_is_told_where_kueue_runs_fair_sharing(key: str, on: bool) -> None:
+    weights = {"a": 4.0, "b": 2.0, "c": 1.0} if "@" in key else {}
+    p, k = make_policy(key, Options(), ZERO, Settings(), weights)
+    assert isinstance(p, WdrfKueue)
+    assert p.settings.kueue_fair_sharing is on
+    assert k.fair_sharing is key.startswith("wdrf-fs")
+
+
 def test_team_weights_reach_kueue_and_the_controller() -> None:
     p, k = make_policy("wdrf", Options(), ZERO, Settings(), {"a": 4.0, "b": 2.0})
     assert isinstance(p, WdrfKueue)
