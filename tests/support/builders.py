@@ -281,6 +281,32 @@ def written(snap: ClusterSnapshot, plan: Plan, *, boost: bool) -> ClusterSnapsho
     return replace(snap, workloads=tuple(out))
 
 
+def plan_without_keep_order(snap: ClusterSnapshot, s: Settings) -> Plan:
+    """`compute_plan` with every moved fairness level written (`policy.keep_order` off): the
+    reference the kept values are checked against."""
+    from controller import policy
+
+    saved = policy.keep_order
+    policy.keep_order = lambda *_a: None  # type: ignore[assignment]
+    try:
+        return policy.compute_plan(snap, s, NOW)
+    finally:
+        policy.keep_order = saved
+
+
+def pending_writes(snap: ClusterSnapshot, plan: Plan) -> list[str]:
+    """Keys of the pending Workloads of `snap` that `plan` writes in boost mode (their boost or
+    their terms change)."""
+    now = {w.key: w for w in snap.workloads}
+    out = []
+    for d in plan.pending:
+        w = now[d.key]
+        if d.target_boost != int(w.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0")) \
+                or d.terms != w.annotations.get(PRIORITY_TERMS_ANNOTATION):
+            out.append(d.key)
+    return out
+
+
 def evicted_while_admitted(w: Workload, value: int, terms: str) -> Workload:
     """Pending `w` as Kueue requeues it after evicting it while admitted (PodsReadyTimeout,
     preemption): it still carries the effective priority `value` (boost mode) and the

@@ -8,20 +8,23 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import combinations, pairwise
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller import policy
 from controller.domain import (
-    KUEUE_PRIORITY_BOOST_ANNOTATION,
-    PRIORITY_TERMS_ANNOTATION,
     ClusterSnapshot,
     Workload,
 )
 from controller.plan import Plan, WorkloadDecision
 from controller.policy import OrderKey, _most_kept, compute_plan
-from tests.support.builders import NOW, snapshot, wl, written
+from tests.support.builders import (
+    NOW,
+    pending_writes,
+    plan_without_keep_order,
+    snapshot,
+    wl,
+    written,
+)
 from tests.support.builders import settings as make_settings
 
 TEAMS = ("team-a", "team-b", "team-c")
@@ -29,10 +32,7 @@ S = make_settings()
 
 
 def fresh(snap: ClusterSnapshot) -> Plan:
-    """The plan with every moved level written (keep_order off)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(policy, "keep_order", lambda *_a: None)
-        return compute_plan(snap, S, NOW)
+    return plan_without_keep_order(snap, S)
 
 
 def kueue_order(plan: Plan) -> list[str]:
@@ -41,18 +41,6 @@ def kueue_order(plan: Plan) -> list[str]:
         return (-d.target_priority, d.breakdown.queued_since.timestamp(), d.uid)
 
     return [d.key for d in sorted(plan.pending, key=key)]
-
-
-def writes(snap: ClusterSnapshot, plan: Plan) -> list[str]:
-    now = {w.key: w for w in snap.workloads}
-    out = []
-    for d in plan.pending:
-        w = now[d.key]
-        if d.target_boost != int(w.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0")) \
-                or d.terms != w.annotations.get(
-                PRIORITY_TERMS_ANNOTATION):
-            out.append(d.key)
-    return out
 
 
 def running(team: str, n: int, tag: str) -> list[Workload]:
@@ -84,8 +72,8 @@ def test_kept_values_leave_the_fresh_order_and_cost_no_write(
     mine = {d.key: d for d in plan.pending}
     for d in ref.pending:
         if mine[d.key].target_priority != d.target_priority:
-            assert d.key not in writes(snap2, plan)
-    assert set(writes(snap2, plan)) <= set(writes(snap2, ref))
+            assert d.key not in pending_writes(snap2, plan)
+    assert set(pending_writes(snap2, plan)) <= set(pending_writes(snap2, ref))
 
 
 def test_a_head_that_rises_further_is_not_rewritten() -> None:
@@ -100,9 +88,9 @@ def test_a_head_that_rises_further_is_not_rewritten() -> None:
     gone = {"team-a/r0", "team-a/r1"}
     snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
     ref = fresh(snap2)
-    assert writes(snap2, ref) == ["team-a/a"]  # its level moved: the old rule writes it
+    assert pending_writes(snap2, ref) == ["team-a/a"]  # its level moved: the old rule writes it
     plan = compute_plan(snap2, S, NOW)
-    assert writes(snap2, plan) == []
+    assert pending_writes(snap2, plan) == []
     assert kueue_order(plan) == kueue_order(ref) == ["team-a/a", "team-b/b"]
 
 
@@ -118,7 +106,7 @@ def test_a_level_that_passes_another_workload_is_written() -> None:
     snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
     plan = compute_plan(snap2, S, NOW)
     assert kueue_order(plan) == ["team-b/b", "team-a/a"]
-    assert writes(snap2, plan) == ["team-b/b"]
+    assert pending_writes(snap2, plan) == ["team-b/b"]
 
 
 def test_a_teams_workloads_that_rise_together_past_no_one_are_not_rewritten() -> None:
@@ -133,9 +121,9 @@ def test_a_teams_workloads_that_rise_together_past_no_one_are_not_rewritten() ->
     gone = {"team-a/r0", "team-a/r1"}
     snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
     ref = fresh(snap2)
-    assert sorted(writes(snap2, ref)) == ["team-a/a1", "team-a/a2"]
+    assert sorted(pending_writes(snap2, ref)) == ["team-a/a1", "team-a/a2"]
     plan = compute_plan(snap2, S, NOW)
-    assert writes(snap2, plan) == []
+    assert pending_writes(snap2, plan) == []
     assert kueue_order(plan) == kueue_order(ref) == ["team-a/a1", "team-a/a2", "team-b/b"]
 
 

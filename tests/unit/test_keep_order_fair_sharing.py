@@ -9,16 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 from decimal import Decimal
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller import policy
 from controller.config import Settings
 from controller.domain import (
     GPU,
-    KUEUE_PRIORITY_BOOST_ANNOTATION,
-    PRIORITY_TERMS_ANNOTATION,
     Admission,
     ClusterQueue,
     ClusterSnapshot,
@@ -29,7 +25,14 @@ from controller.domain import (
 )
 from controller.plan import Plan, WorkloadDecision
 from controller.policy import compute_plan
-from tests.support.builders import NOW, snapshot, wl, written
+from tests.support.builders import (
+    NOW,
+    pending_writes,
+    plan_without_keep_order,
+    snapshot,
+    wl,
+    written,
+)
 from tests.support.builders import settings as make_settings
 
 TEAMS = ("team-a", "team-b", "team-c")
@@ -52,10 +55,7 @@ def per_team(workloads: list[Workload], teams: tuple[str, ...] = TEAMS) -> Clust
 
 
 def fresh(snap: ClusterSnapshot, s: Settings) -> Plan:
-    """The plan with every moved level written (keep_order off)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(policy, "keep_order", lambda *_a: None)
-        return compute_plan(snap, s, NOW)
+    return plan_without_keep_order(snap, s)
 
 
 def kueue_key(d: WorkloadDecision) -> tuple[int, float, str]:
@@ -73,17 +73,6 @@ def orders(plan: Plan) -> dict[str | None, list[str]]:
 
 def pool_order(plan: Plan) -> list[str]:
     return [d.key for d in sorted(plan.pending, key=kueue_key)]
-
-
-def writes(snap: ClusterSnapshot, plan: Plan) -> list[str]:
-    now = {w.key: w for w in snap.workloads}
-    out = []
-    for d in plan.pending:
-        w = now[d.key]
-        if d.target_boost != int(w.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0")) \
-                or d.terms != w.annotations.get(PRIORITY_TERMS_ANNOTATION):
-            out.append(d.key)
-    return out
 
 
 def running(team: str, n: int, tag: str) -> list[Workload]:
@@ -121,11 +110,11 @@ def test_each_cluster_queues_order_is_the_fresh_one_and_kept_values_cost_no_writ
     plan, ref = compute_plan(snap2, ON, NOW), fresh(snap2, ON)
     assert orders(plan) == orders(ref)
     mine = {d.key: d for d in plan.pending}
-    wrote = writes(snap2, plan)
+    wrote = pending_writes(snap2, plan)
     for d in ref.pending:
         if mine[d.key].target_priority != d.target_priority:
             assert d.key not in wrote
-    assert set(wrote) <= set(writes(snap2, ref))
+    assert set(wrote) <= set(pending_writes(snap2, ref))
 
 
 def two_teams() -> tuple[ClusterSnapshot, ClusterSnapshot]:
@@ -147,12 +136,12 @@ def test_a_level_change_in_its_own_cluster_queue_writes_nothing() -> None:
     assert pool_order(compute_plan(carried, ON, NOW)) == ["team-a/a", "team-b/b"]
     ref = fresh(snap2, ON)
     assert pool_order(ref) == ["team-b/b", "team-a/a"]  # its level moved past A's value
-    assert writes(snap2, ref) == ["team-b/b"]
+    assert pending_writes(snap2, ref) == ["team-b/b"]
     plan = compute_plan(snap2, ON, NOW)
-    assert writes(snap2, plan) == []
+    assert pending_writes(snap2, plan) == []
     assert orders(plan) == orders(ref) == {"cq-team-a": ["team-a/a"],
                                            "cq-team-b": ["team-b/b"]}
-    assert writes(snap2, compute_plan(snap2, OFF, NOW)) == ["team-b/b"]
+    assert pending_writes(snap2, compute_plan(snap2, OFF, NOW)) == ["team-b/b"]
 
 
 def test_in_one_shared_cluster_queue_a_level_that_passes_another_team_is_written() -> None:
@@ -168,4 +157,4 @@ def test_in_one_shared_cluster_queue_a_level_that_passes_another_team_is_written
     snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
     plan = compute_plan(snap2, ON, NOW)
     assert pool_order(plan) == ["team-b/b", "team-a/a"]
-    assert writes(snap2, plan) == ["team-b/b"]
+    assert pending_writes(snap2, plan) == ["team-b/b"]
