@@ -410,16 +410,21 @@ def run_all(opts: Options, jobs: int = 1, progress: Callable[[str], None] | None
         tuning_seeds, 0 if opts.quick else opts.seeds)))
     have = {(r.window.start, r.window.days, r.seed, r.key) for r in done}
     tasks = []
+    asked: set[tuple[float, int, int, str]] = set()
     for i, s in enumerate(seeds):
         for w in windows:
             if i >= (opts.seeds if w.role == "held-out" else tuning_seeds):
                 continue
+            asked.update((w.start, w.days, s, k) for k in opts.policies)
             missing = tuple(k for k in opts.policies if (w.start, w.days, s, k) not in have)
             if missing:
                 tasks.append((replace(opts, policies=missing), w, s, bool(keep and keep(w, s))))
     names = {(w.start, w.days): w for w in windows}
+    # Only the runs asked for: a resumed file may hold more seeds, windows or policies, and
+    # the report must describe what was asked.
     records: list[RunRecord] = [
         replace(r, window=names.get((r.window.start, r.window.days), r.window)) for r in done
+        if (r.window.start, r.window.days, r.seed, r.key) in asked
     ]
 
     def finished(recs: list[RunRecord]) -> None:

@@ -183,6 +183,17 @@ def test_resume_runs_only_what_is_missing_and_records_round_trip() -> None:
     assert key == sorted((r.window.name, r.seed, r.policy, r.metrics["jain"]) for r in first)
 
 
+def test_resume_reports_only_the_seeds_and_policies_asked_for() -> None:
+    """Records beyond what is asked (more seeds, another policy) stay in the file but not in
+    the result the report is written from."""
+    opts = Options(trace=None, generated_jobs=200, days=1, held_out=1, seeds=2,
+                   policies=("fifo", "static"))
+    _, first, _ = run_all(opts)
+    _, fewer, _ = run_all(replace(opts, seeds=1, policies=("fifo",)), done=first)
+    assert {r.seed for r in fewer} == {1} and {r.key for r in fewer} == {"fifo"}
+    assert len(fewer) == len([r for r in first if r.seed == 1 and r.key == "fifo"])
+
+
 def test_resume_runs_the_missing_policies_of_a_window_seed_that_has_some() -> None:
     """A window-seed with only some policies recorded (an earlier run asked for fewer) gets
     the others run, and only those."""
