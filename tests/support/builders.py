@@ -29,7 +29,7 @@ from controller.domain import (
     frozen_resources,
 )
 from controller.parse import parse_workload
-from controller.plan import Plan
+from controller.plan import Plan, WorkloadDecision
 from controller.workload import WorkloadInfo
 
 NOW = datetime(2025, 11, 20, 12, 0, 0, tzinfo=UTC)
@@ -292,6 +292,17 @@ def plan_without_keep_order(snap: ClusterSnapshot, s: Settings) -> Plan:
         return policy.compute_plan(snap, s, NOW)
     finally:
         policy.keep_order = saved
+
+
+def kueue_key(d: WorkloadDecision) -> tuple[int, float, str]:
+    """Kueue's order of pending Workloads within a queue: priority, queue time, UID."""
+    assert d.breakdown is not None
+    return (-d.target_priority, d.breakdown.queued_since.timestamp(), d.uid)
+
+
+def kueue_order(plan: Plan) -> list[str]:
+    """Keys of `plan`'s pending Workloads in Kueue's order (`kueue_key`)."""
+    return [d.key for d in sorted(plan.pending, key=kueue_key)]
 
 
 def pending_writes(snap: ClusterSnapshot, plan: Plan) -> list[str]:

@@ -15,10 +15,11 @@ from controller.domain import (
     ClusterSnapshot,
     Workload,
 )
-from controller.plan import Plan, WorkloadDecision
+from controller.plan import Plan
 from controller.policy import OrderKey, _most_kept, compute_plan
 from tests.support.builders import (
     NOW,
+    kueue_order,
     pending_writes,
     plan_without_keep_order,
     snapshot,
@@ -33,14 +34,6 @@ S = make_settings()
 
 def fresh(snap: ClusterSnapshot) -> Plan:
     return plan_without_keep_order(snap, S)
-
-
-def kueue_order(plan: Plan) -> list[str]:
-    def key(d: WorkloadDecision) -> tuple[int, float, str]:
-        assert d.breakdown is not None
-        return (-d.target_priority, d.breakdown.queued_since.timestamp(), d.uid)
-
-    return [d.key for d in sorted(plan.pending, key=key)]
 
 
 def running(team: str, n: int, tag: str) -> list[Workload]:

@@ -23,10 +23,12 @@ from controller.domain import (
     ResourceQuota,
     Workload,
 )
-from controller.plan import Plan, WorkloadDecision
+from controller.plan import Plan
 from controller.policy import compute_plan
 from tests.support.builders import (
     NOW,
+    kueue_key,
+    kueue_order,
     pending_writes,
     plan_without_keep_order,
     snapshot,
@@ -58,21 +60,12 @@ def fresh(snap: ClusterSnapshot, s: Settings) -> Plan:
     return plan_without_keep_order(snap, s)
 
 
-def kueue_key(d: WorkloadDecision) -> tuple[int, float, str]:
-    assert d.breakdown is not None
-    return (-d.target_priority, d.breakdown.queued_since.timestamp(), d.uid)
-
-
 def orders(plan: Plan) -> dict[str | None, list[str]]:
     """Kueue's order (priority, queue time, UID) of each ClusterQueue's pending Workloads."""
     out: dict[str | None, list[str]] = {}
     for d in sorted(plan.pending, key=kueue_key):
         out.setdefault(d.cluster_queue, []).append(d.key)
     return out
-
-
-def pool_order(plan: Plan) -> list[str]:
-    return [d.key for d in sorted(plan.pending, key=kueue_key)]
 
 
 def running(team: str, n: int, tag: str) -> list[Workload]:
@@ -133,9 +126,9 @@ def test_a_level_change_in_its_own_cluster_queue_writes_nothing() -> None:
     """B's rise passes A's value in the pool but no one in B's ClusterQueue: with the setting
     on nothing is written; off (the pool's order kept exact), B's new value is."""
     carried, snap2 = two_teams()
-    assert pool_order(compute_plan(carried, ON, NOW)) == ["team-a/a", "team-b/b"]
+    assert kueue_order(compute_plan(carried, ON, NOW)) == ["team-a/a", "team-b/b"]
     ref = fresh(snap2, ON)
-    assert pool_order(ref) == ["team-b/b", "team-a/a"]  # its level moved past A's value
+    assert kueue_order(ref) == ["team-b/b", "team-a/a"]  # its level moved past A's value
     assert pending_writes(snap2, ref) == ["team-b/b"]
     plan = compute_plan(snap2, ON, NOW)
     assert pending_writes(snap2, plan) == []
@@ -152,9 +145,9 @@ def test_in_one_shared_cluster_queue_a_level_that_passes_another_team_is_written
               *(wl(f"r{i}", "team-b", admitted=True) for i in range(10))]
     snap1 = snapshot([*shared, *pend], gpus=16, teams=("team-a", "team-b"))
     carried = written(snap1, compute_plan(snap1, ON, NOW), boost=True)
-    assert pool_order(compute_plan(carried, ON, NOW)) == ["team-a/a", "team-b/b"]
+    assert kueue_order(compute_plan(carried, ON, NOW)) == ["team-a/a", "team-b/b"]
     gone = {f"team-b/r{i}" for i in range(8)}
     snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
     plan = compute_plan(snap2, ON, NOW)
-    assert pool_order(plan) == ["team-b/b", "team-a/a"]
+    assert kueue_order(plan) == ["team-b/b", "team-a/a"]
     assert pending_writes(snap2, plan) == ["team-b/b"]
