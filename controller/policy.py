@@ -21,11 +21,12 @@ Admitted: the class guard (`PolicySettings.guard`), above every pending Workload
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import compress, repeat
-from operator import attrgetter, is_not, itemgetter, not_
+from operator import attrgetter, is_not, itemgetter, ne, not_
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -587,58 +588,111 @@ def score_pending(
     mode = requeue_mode(snapshot.requeue_timestamp, settings)
     hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
     pending = acc.pending
-    # Each pending Workload's Scored, made once its fields are known: the blocked ones at
-    # once, the others with their team's scores.
+    # Each pending Workload's Scored: the blocked ones at once, the others with their team's
+    # scores.
     out: list[Scored | None] = [None] * len(pending)
-    fields_of: list[tuple[Any, ...]] = []  # Scored's fields after `member`, before scoring
-    teams: dict[PoolTeam, list[int]] = {}  # positions in `pending`, in order
     seen = memo.workloads.read((settings, acc.card_mib, mode, snapshot.quota_check)) \
         if memo is not None else None
-    kept: dict[int, _WorkloadMemo] = {}
     demands = _Demands(acc, settings)
     # A demand read with the rest of its Workload (its objects are at hand), for its team's
     # scoring.
     early: dict[int, tuple[Vector, _Scaled]] = {}
-    for i, m in enumerate(pending):
+
+    def read(i: int, m: Member) -> _WorkloadMemo:
+        """The Workload's fields before its team is scored, the memo's while they hold."""
         w, job = m.workload, m.job
         parse_problems = g.workload_problems.get((w.namespace, w.name), ()) \
             if g.workload_problems else ()
         held_by = g.queues.get(m.cluster_queue or "")
         found = seen.get(id(w)) if seen else None
-        if found is None or found[0] is not w or found[1] is not job or found[2] != (
-                parse_problems, m.cluster_queue, held_by):
-            c = classify(w, job)
-            problems: list[InputProblem] = [*parse_problems, *c.problems]
-            blocking = c.blocking or bool(parse_problems)
-            for prob, is_blocking in resource_problems(w, settings):
-                problems.append(prob)
-                blocking = blocking or is_blocking
-            hami, p = decide_hami(w, job if isinstance(job, JobInfo) else None,
-                                  c.priority_class, m.cluster_queue, settings, acc.card_mib,
-                                  hami_cache)
-            hami = check_fraction(hami, held_by, snapshot.quota_check)
-            # A bad scheduling hint is reported and ignored (no HAMi write); it never freezes
-            # the priority: the class still follows the annotations (a withdrawn approval
-            # lowers it).
-            problems += p
-            found = (w, job, (parse_problems, m.cluster_queue, held_by),
-                     (c, tuple(problems), hami, queued_since(w, mode), kueue_priority(w, c),
-                      c.current_boost or 0, None, ""), not blocking)
-            if not blocking:
-                early[i] = demands.scaled(w, m.pool)
-        if memo is not None:
-            kept[id(w)] = found
-        fields_of.append(found[3])
-        if found[4]:
-            mine = teams.get((m.pool, m.team))
-            if mine is None:
-                teams[(m.pool, m.team)] = [i]
-            else:
-                mine.append(i)
+        if found is not None and found[0].workload is w and found[0].job is job \
+                and found[1] == (parse_problems, m.cluster_queue, held_by):
+            return found if found[0] is m else (m, *found[1:])
+        c = classify(w, job)
+        problems: list[InputProblem] = [*parse_problems, *c.problems]
+        blocking = c.blocking or bool(parse_problems)
+        for prob, is_blocking in resource_problems(w, settings):
+            problems.append(prob)
+            blocking = blocking or is_blocking
+        hami, p = decide_hami(w, job if isinstance(job, JobInfo) else None,
+                              c.priority_class, m.cluster_queue, settings, acc.card_mib,
+                              hami_cache)
+        hami = check_fraction(hami, held_by, snapshot.quota_check)
+        # A bad scheduling hint is reported and ignored (no HAMi write); it never freezes
+        # the priority: the class still follows the annotations (a withdrawn approval
+        # lowers it).
+        problems += p
+        if not blocking:
+            early[i] = demands.scaled(w, m.pool)
+        return (m, (parse_problems, m.cluster_queue, held_by),
+                (c, tuple(problems), hami, queued_since(w, mode), kueue_priority(w, c),
+                 c.current_boost or 0, None, ""), not blocking)
+
+    fast = bool(seen) and not g.workload_problems and memo is not None \
+        and memo.queues == g.queues
+    last = memo.pending if fast and memo is not None else None
+    changed: list[int] | None = None
+    if last is not None and len(last.pending) == len(pending):
+        # The same positions: only those that hold another Member are read (compared in C:
+        # the others' objects are not read at all).
+        changed = list(compress(range(len(pending)), map(is_not, pending, last.pending)))
+        if len(changed) > max(_FEW_CHANGED, len(pending) // _FEW_CHANGED):
+            changed = None
+    if changed is not None and last is not None and seen is not None:
+        found_all = last.found.copy()
+        fields_of = last.fields.copy()
+        regroup = False
+        for i in changed:
+            old = found_all[i]
+            found_all[i] = found = read(i, pending[i])
+            fields_of[i] = found[2]
+            seen.pop(id(old[0].workload), None)
+            regroup = regroup or old[3] != found[3] or (
+                found[3] and (old[0].pool, old[0].team) != (found[0].pool, found[0].team))
+        for i in changed:
+            seen[id(pending[i].workload)] = found_all[i]
+        kept_entries = seen
+    else:
+        if fast and seen is not None:
+            # Whatever decides a Workload's entry but its Member is as before (no parse
+            # problems, the same ClusterQueues): an entry made for the same Member holds
+            # (looked up and checked in C); the others are read one by one.
+            rows: list[Any] = list(map(seen.get, map(id, map(_WORKLOAD, pending)),
+                                       repeat(_NO_ENTRY)))
+            for i in compress(range(len(rows)), map(is_not, map(_FIRST, rows), pending)):
+                rows[i] = read(i, pending[i])
+            found_all = rows
         else:
-            out[i] = Scored(m, *found[3])
+            found_all = list(map(read, range(len(pending)), pending))
+        fields_of = list(map(_THIRD, found_all))  # Scored's fields after `member`
+        kept_entries = dict(zip(map(id, map(_WORKLOAD, pending)), found_all, strict=True)) \
+            if memo is not None else {}
+        regroup = True
+    teams: dict[PoolTeam, list[int]]  # positions in `pending`, in order
+    if regroup or last is None:
+        teams = {}
+        for i, found in enumerate(found_all):
+            m = found[0]
+            if found[3]:
+                mine = teams.get((m.pool, m.team))
+                if mine is None:
+                    teams[(m.pool, m.team)] = [i]
+                else:
+                    mine.append(i)
+            else:
+                out[i] = Scored(m, *found[2])
+    else:  # the same teams at the same positions; the last call's Scored kept
+        teams = last.teams
+        out = last.scored.copy()
+        assert changed is not None
+        for i in changed:
+            if not found_all[i][3]:
+                out[i] = Scored(found_all[i][0], *found_all[i][2])
+    last_teams = last.teams if last is not None else None
     if memo is not None:
-        memo.workloads.keep(kept)
+        memo.workloads.keep(kept_entries)
+        # (entries made with parse problems hold only while those are the same: read again)
+        memo.queues = None if g.workload_problems else g.queues
     classes = _ClassTerms(settings)
     ref = reference(now, settings.rebase_period)
     scored_teams = memo.teams.read((settings, acc.card_mib, ref)) if memo is not None else None
@@ -651,10 +705,11 @@ def score_pending(
                   acc.shares[pt].dominant_resource, acc.shares[pt].dominant_share)
         hit = scored_teams.get(pt) if scored_teams else None
         # (tuples compare element by element, identity first: in C, and equal objects give
-        # the same scores)
+        # the same scores; the memo's Scored are never changed once scored)
         if hit is not None and hit[2] == inputs and hit[0] == members and hit[1] == given:
-            for i, m, result in zip(at, members, hit[3], strict=True):
-                out[i] = Scored(m, *result)
+            if teams is not last_teams:  # (else `out` holds them at these positions)
+                for i, s in zip(at, hit[3], strict=True):
+                    out[i] = s
             kept_teams[pt] = hit
             continue
         queue = [Scored(m, *f) for m, f in zip(members, given, strict=True)]
@@ -665,33 +720,40 @@ def score_pending(
         _score_team(pool, team, sorted(queue, key=_team_order_key), acc, demands, classes,
                     settings, now)
         if memo is not None:
-            kept_teams[pt] = (members, given, inputs, tuple(map(_scored_fields, queue)))
+            kept_teams[pt] = (members, given, inputs, tuple(queue))
     if memo is not None:
         memo.teams.keep(kept_teams)
+        memo.pending = _Pending(pending, found_all, fields_of, teams, out.copy())
     return out  # type: ignore[return-value]  # (every position is set)
 
 
-def _scored_fields(s: Scored) -> tuple[Any, ...]:
-    """Scored's fields after `member` (its scores once `_score_team` set them)."""
-    return (s.classified, s.problems, s.hami, s.since, s.target, s.boost, s.breakdown,
-            s.terms, s.suffix, s.demand, s.share, s.previous)
+# Past this many changed Members, or one in this many, `score_pending` reads them all.
+_FEW_CHANGED = 8
 
 
-# One Workload's scoring before its team is scored: (the Workload, its owner, (parse problems,
-# ClusterQueue name, ClusterQueue), Scored's fields after `member`, whether it is scored).
-_WorkloadMemo = tuple[Workload, "JobInfo | OwnerInfo | None", tuple[object, ...],
-                      tuple[Any, ...], bool]
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """One `score_pending` call, position by position: its Members, their entries and Scored
+    fields before scoring, the scored ones' positions by team, and the Scored it returned
+    (before any later stage replaced one)."""
+
+    pending: tuple[Member, ...]
+    found: list[_WorkloadMemo]
+    fields: list[tuple[Any, ...]]
+    teams: dict[PoolTeam, list[int]]
+    scored: list[Scored | None]
+
+
+# One Workload's scoring before its team is scored: (its Member, (parse problems, ClusterQueue
+# name, ClusterQueue), Scored's fields after `member`, whether it is scored).
+_WorkloadMemo = tuple[Member, tuple[object, ...], tuple[Any, ...], bool]
+_NO_ENTRY = (None,)  # what a Workload with no entry in the memo is looked up as
+_FIRST, _THIRD = itemgetter(0), itemgetter(2)
 # One team's scoring in one pool: its queue's Members and their Scored fields before scoring
 # (in `acc.pending` order); the team's usage, the pool's capacity and W, the team's dominant
-# resource and share; per Workload of the queue, Scored's fields after scoring.
+# resource and share; its queue's Scored, scored (in the same order; never changed after).
 _TeamMemo = tuple[tuple[Member, ...], tuple[tuple[Any, ...], ...], tuple[object, ...],
-                  tuple[tuple[Any, ...], ...]]
-
-
-# A pending Workload's decision: (the Workload, its Classified, breakdown, HAMi decision and
-# problems, (rank, ClusterQueue, team, boost, priority, terms), the decision).
-_DecisionMemo = tuple[Workload, Classified, "PriorityBreakdown | None", "HamiDecision | None",
-                      tuple[InputProblem, ...], tuple[object, ...], WorkloadDecision]
+                  tuple["Scored", ...]]
 
 
 _K = TypeVar("_K")
@@ -730,8 +792,15 @@ class PlanMemo:
     def __init__(self) -> None:
         self.workloads: _ContextMemo[int, _WorkloadMemo] = _ContextMemo()
         self.teams: _ContextMemo[PoolTeam, _TeamMemo] = _ContextMemo()
+        # The ClusterQueues the entries of `workloads` were read with (None: some were read
+        # with parse problems).
+        self.queues: Mapping[str, ClusterQueue] | None = None
+        # The last `score_pending`, position by position (valid while `workloads` holds
+        # its entries: the same context).
+        self.pending: _Pending | None = None
         # Compared field by field, so valid whatever the context.
-        self.decisions: dict[int, _DecisionMemo] = {}
+        # The last plan's pending Scored in Kueue's order, and their decisions (`order`).
+        self.order: _Ordered | None = None
         self.usage: dict[int, tuple[Workload, float | None, Vector]] = {}  # admitted usage
         self.members: _ContextMemo[int, Member] = _ContextMemo()
         # An admitted Workload's Classified, by id: (Workload, owner, key, Classified).
@@ -868,6 +937,7 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
         cq = s.member.cluster_queue
         key = ("cq", cq) if by_queue and cq is not None else ("pool", s.member.pool)
         groups.setdefault(key, []).append(s)
+    where: dict[int, int] = {}  # a kept Scored's position in `scored`
     for members in groups.values():
         if not any(id(s) in candidates for s in members):
             continue
@@ -885,10 +955,14 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
             b = s.breakdown
             assert b is not None and s.previous is not None
             boost, clamped = _boost(current, b.base)
-            s.target, s.boost, s.terms = current, boost, terms
-            s.breakdown = replace(b, priority=current, fairness_level=s.previous,
+            if not where:
+                where = {id(x): j for j, x in enumerate(scored)}
+            # (a copy: the memo's Scored stay as scored)
+            scored[where[id(s)]] = replace(
+                s, target=current, boost=boost, terms=terms,
+                breakdown=replace(b, priority=current, fairness_level=s.previous,
                                   fairness_term=level_points(s.previous, settings),
-                                  clamped=clamped)
+                                  clamped=clamped))
 
 
 def _most_kept(fresh: list[OrderKey], now: Mapping[int, OrderKey]) -> set[int]:
@@ -1256,7 +1330,7 @@ def choose_victims(
     return MappingProxyType(exposer.out)
 
 
-def nudge_takers(scored: Iterable[Scored], victims: Mapping[str, Victim],
+def nudge_takers(scored: list[Scored], victims: Mapping[str, Victim],
                  settings: PolicySettings) -> None:
     """A pending Workload that may take an exposed victim is written one point higher, with
     `preempts=<the victims' teams>` in its terms, for as long as it may. Kueue parks a Workload
@@ -1269,7 +1343,7 @@ def nudge_takers(scored: Iterable[Scored], victims: Mapping[str, Victim],
     for victim in victims.values():
         by_cq.setdefault(victim.cluster_queue, []).append(victim)
     levels = settings.fairness_levels
-    for s in scored:
+    for i, s in enumerate(scored):
         b = s.breakdown
         mine = by_cq.get(s.member.cluster_queue)
         if b is None or not mine or s.classified.override is not None:
@@ -1279,12 +1353,14 @@ def nudge_takers(scored: Iterable[Scored], victims: Mapping[str, Victim],
             continue
         target = s.target + 1
         boost, clamped = _boost(target, b.base)
-        s.target, s.boost = target, boost
-        s.breakdown = replace(b, priority=target, clamped=b.clamped or clamped)
-        s.terms = pending_terms(
-            b.priority_class, b.team, b.pool, b.fairness_level, levels, b.fairness_term,
-            iso(b.credited_since or b.queued_since), iso(b.reference), b.base, b.override,
-            target) + s.suffix + f" preempts={','.join(teams)}"
+        # (a copy: the memo's Scored stay as scored)
+        scored[i] = replace(
+            s, target=target, boost=boost,
+            breakdown=replace(b, priority=target, clamped=b.clamped or clamped),
+            terms=pending_terms(
+                b.priority_class, b.team, b.pool, b.fairness_level, levels, b.fairness_term,
+                iso(b.credited_since or b.queued_since), iso(b.reference), b.base,
+                b.override, target) + s.suffix + f" preempts={','.join(teams)}")
 
 
 Ranked = Mapping[str, list[tuple[int, Scored]]]
@@ -1470,45 +1546,100 @@ def _exposed(m: Member, c: Classified, acc: Accounts, classes: _ClassTerms, targ
 def order(scored: list[Scored], memo: PlanMemo | None = None) -> list[WorkloadDecision]:
     """Kueue's order inside a ClusterQueue: higher priority, then earlier queue time, then
     UID; `rank` is the position within the Workload's ClusterQueue."""
-    scored.sort(key=lambda s: (-s.target, s.since, s.member.workload.uid))
+    ordered = _ordered(scored, memo)
+    scored[:] = ordered.scored
     position: dict[str | None, int] = {}
-    out: list[WorkloadDecision] = []
-    made = memo.decisions if memo is not None else None
-    kept: dict[int, _DecisionMemo] = {}
-    for s in scored:
-        m, c = s.member, s.classified
-        cq = m.cluster_queue
+    ranks: list[int] = []
+    for cq in ordered.queues:
         rank = position.get(cq, 0)
         position[cq] = rank + 1
-        b = s.breakdown
-        if b is None:
-            out.append(_unchanged(m, c, s.problems, admitted=False, rank=rank))
-            continue
-        w = m.workload
-        if memo is None:
-            # (positional: the fields in order, as `WorkloadDecision` declares them)
-            out.append(WorkloadDecision(
-                w.key, w.uid, cq, m.team, rank, c.base, w.priority, c.current_boost, s.boost,
-                s.target, b, s.hami, s.problems, False, False, s.terms))
-            continue
-        given = (rank, cq, m.team, s.boost, s.target, s.terms)
-        old = made.get(id(w)) if made else None
-        if old is not None and old[0] is w and old[1] is c and old[2] is b \
-                and old[3] is s.hami and old[4] is s.problems and old[5] == given:
-            kept[id(w)] = old
-            out.append(old[6])
-            continue
-        d = WorkloadDecision(
-            key=w.key, uid=w.uid, cluster_queue=cq, team=m.team, rank=rank,
-            base_priority=c.base, current_priority=w.priority,
-            current_boost=c.current_boost, target_boost=s.boost, target_priority=s.target,
-            breakdown=b, hami=s.hami, problems=s.problems, terms=s.terms,
-        )
-        kept[id(w)] = (w, c, b, s.hami, s.problems, given, d)
-        out.append(d)
+        ranks.append(rank)
+    # A decision is the last plan's while it is for the same Scored (a Scored never changes
+    # once made) at the same rank.
+    decisions = ordered.decisions
+    for i in compress(range(len(ranks)), map(ne, ranks, ordered.ranks)):
+        decisions[i] = _decision(scored[i], ranks[i])
+    ordered.ranks = ranks
+    return decisions.copy()  # type: ignore[return-value]  # (every position is set)
+
+
+@dataclass(slots=True)
+class _Ordered:
+    """Pending Scored in Kueue's order (`_order_key`), with their keys, ClusterQueues,
+    ranks and decisions (-1 and None until made), and the same Scored by id."""
+
+    held: dict[int, Scored]
+    keys: list[tuple[int, datetime, str]]
+    queues: list[str | None]
+    scored: list[Scored]
+    ranks: list[int]
+    decisions: list[WorkloadDecision | None]
+
+
+# Past this many Scored in or out since the last plan, `_ordered` sorts them all again.
+_FEW_SORTED = 256
+
+
+def _ordered(scored: list[Scored], memo: PlanMemo | None) -> _Ordered:
+    """`scored` in Kueue's order (a stable sort). With a memo, the last plan's order is kept
+    (the memo's, changed in place) and only the Scored that joined or left it since are moved
+    in or out, found by bisection: the memo's Scored never change, so neither do their keys,
+    and the others are not read at all (reading a Workload's objects costs cache misses).
+    (Only while every UID is set: keys then differ, and the order is the one a sort gives.)"""
+    last = memo.order if memo is not None else None
+    if last is not None:
+        held = last.held
+        now_ids = set(map(id, scored))
+        left = held.keys() - now_ids
+        joined_ids = now_ids - held.keys()
+        joined = list(compress(scored, map(joined_ids.__contains__, map(id, scored)))) \
+            if joined_ids else []
+        if len(joined) + len(left) <= _FEW_SORTED and "" not in map(_SCORED_UID, joined):
+            keys, queues, ordered = last.keys, last.queues, last.scored
+            ranks, decisions = last.ranks, last.decisions
+            for gone in map(held.pop, left):
+                i = bisect_left(keys, _order_key(gone))
+                assert ordered[i] is gone
+                del keys[i], queues[i], ordered[i], ranks[i], decisions[i]
+            for s in joined:
+                key = _order_key(s)
+                i = bisect_left(keys, key)
+                keys.insert(i, key)
+                queues.insert(i, s.member.cluster_queue)
+                ordered.insert(i, s)
+                ranks.insert(i, -1)
+                decisions.insert(i, None)
+                held[id(s)] = s
+            return last
+    # (the keys built and the positions sorted in C)
+    all_keys = list(map(_order_key, scored))
+    positions = sorted(range(len(scored)), key=all_keys.__getitem__)
+    in_order = list(map(scored.__getitem__, positions))
+    out = _Ordered(dict(zip(map(id, in_order), in_order, strict=True)),
+                   list(map(all_keys.__getitem__, positions)),
+                   list(map(_SCORED_CQ, in_order)), in_order, [-1] * len(scored),
+                   [None] * len(scored))
     if memo is not None:
-        memo.decisions = kept
+        memo.order = out if "" not in map(_THIRD, all_keys) else None
     return out
+
+
+def _order_key(s: Scored) -> tuple[int, datetime, str]:
+    return (-s.target, s.since, s.member.workload.uid)
+
+
+def _decision(s: Scored, rank: int) -> WorkloadDecision:
+    m, c, b = s.member, s.classified, s.breakdown
+    if b is None:
+        return _unchanged(m, c, s.problems, admitted=False, rank=rank)
+    w = m.workload
+    # (positional: the fields in order, as `WorkloadDecision` declares them)
+    return WorkloadDecision(
+        w.key, w.uid, m.cluster_queue, m.team, rank, c.base, w.priority, c.current_boost,
+        s.boost, s.target, b, s.hami, s.problems, False, False, s.terms)
+
+
+_SCORED_UID, _SCORED_CQ = attrgetter("member.workload.uid"), attrgetter("member.cluster_queue")
 
 
 def plan_warnings(

@@ -16,6 +16,9 @@ from controller.config import AUTO_TEAM_WEIGHTS, Settings
 from controller.domain import (
     APPROVED_ANNOTATION,
     GPU,
+    GPU_FRACTION_ANNOTATION,
+    GPUCORES,
+    GPUMEM_PERCENTAGE,
     KUEUE_PRIORITY_BOOST_ANNOTATION,
     PRIORITY_OVERRIDE_ANNOTATION,
     PRIORITY_TERMS_ANNOTATION,
@@ -30,6 +33,7 @@ from controller.domain import (
     ObjectRef,
     Preemption,
     PriorityClass,
+    QuotaCheck,
     ResourceQuota,
     Workload,
     frozen_resources,
@@ -52,15 +56,19 @@ SETTINGS = {
 ANNOTATIONS: list[dict[str, str]] = [
     {}, {URGENT_ANNOTATION: "true"}, {APPROVED_ANNOTATION: "true"},
     {PRIORITY_OVERRIDE_ANNOTATION: "5000"}, {URGENT_ANNOTATION: "yes"},
+    {GPU_FRACTION_ANNOTATION: "0.5"},  # HAMi: blocked where its ClusterQueue lacks gpucores
 ]
 
 
 def cq(name: str, cohort: str | None, gpus: int = 4, within: str = "LowerPriority",
-       weight: int | None = None) -> ClusterQueue:
+       weight: int | None = None, cores: bool = False) -> ClusterQueue:
     return ClusterQueue(
         name, KueueApiVersion.V1BETA2,
         quotas=(ResourceQuota("default", GPU, Decimal(gpus)),
-                ResourceQuota("default", "cpu", Decimal(32))),
+                ResourceQuota("default", "cpu", Decimal(32)),
+                *([ResourceQuota("default", GPUCORES, Decimal(100 * gpus)),
+                   ResourceQuota("default", GPUMEM_PERCENTAGE, Decimal(100 * gpus))]
+                  if cores else [])),
         cohort=cohort, preemption=Preemption(within_cluster_queue=within),
         fair_sharing_weight=None if weight is None else Decimal(weight))
 
@@ -86,7 +94,7 @@ class World:
         return ClusterSnapshot(
             workloads=tuple(self.workloads.values()), cluster_queues=tuple(self.queues.values()),
             local_queues=tuple(self.local.values()), jobs=tuple(self.jobs.values()),
-            problems=self.problems)
+            problems=self.problems, quota_check=QuotaCheck())
 
     def cluster_queue_of(self, w: Workload) -> str | None:
         lq = self.local.get(f"{w.namespace}/{w.queue_name}")
@@ -169,8 +177,11 @@ def step(data: st.DataObject, world: World, last: Any) -> str:
             st.sampled_from([*QUEUES, "gone"])))
     elif event == "queue":
         q = pick(data, world.queues)
-        change = data.draw(st.sampled_from(["gpus", "cohort", "within", "weight"]))
-        if change == "gpus":
+        change = data.draw(st.sampled_from(["gpus", "cohort", "within", "weight", "cores"]))
+        if change == "cores":  # covers HAMi's resources or not: a fraction is blocked or not
+            q = replace(q, quotas=cq(q.name, q.cohort, cores=not any(
+                r.resource == GPUCORES for r in q.quotas)).quotas)
+        elif change == "gpus":
             q = cq(q.name, q.cohort, data.draw(st.integers(0, 8)),
                    q.preemption.within_cluster_queue)
         elif change == "cohort":
@@ -301,6 +312,31 @@ def test_a_memo_keeps_members_only_while_their_queues_and_owners_are_equal() -> 
     world.jobs[f"{j.namespace}/{j.name}"] = replace(j, labels={"team": "elsewhere"})
     check()
     check()
+
+
+def test_a_memoised_hami_decision_follows_its_cluster_queue() -> None:
+    """A pending Workload's HAMi decision comes from the memo only while its ClusterQueue is
+    equal: one that comes to cover gpucores and gpumem-percentage unblocks its fraction."""
+    s = Settings()
+    world = World()
+    world.add("team-0", "q0", 5, 60.0, 1, owned=False)  # a GPU fraction, team-0/q0 -> a1
+    w = next(iter(world.workloads.values()))
+    memo = PlanMemo()
+
+    def blocked() -> str:
+        snap = world.snapshot()
+        plan = compute_plan(snap, s, world.now, memo=memo)
+        assert plan == compute_plan(snap, s, world.now)
+        hami = next(d.hami for d in plan.decisions if d.key == w.key)
+        assert hami is not None
+        return hami.fraction_blocked
+
+    assert blocked()
+    assert blocked()
+    world.queues["a1"] = cq("a1", "A", cores=True)
+    assert blocked() == ""
+    world.queues["a1"] = cq("a1", "A")
+    assert blocked()
 
 
 def test_a_memoised_guard_follows_its_cluster_queue() -> None:

@@ -16,7 +16,7 @@ from controller.domain import (
     Workload,
 )
 from controller.plan import Plan
-from controller.policy import OrderKey, _most_kept, compute_plan
+from controller.policy import OrderKey, PlanMemo, _most_kept, compute_plan
 from tests.support.builders import (
     NOW,
     kueue_order,
@@ -146,3 +146,27 @@ def test_most_kept_is_the_largest_set_that_keeps_the_order(
     most = max(len(c) for r in range(len(now) + 1) for c in combinations(sorted(now), r)
                if ascending(set(c)))
     assert len(kept) == most
+
+
+def test_a_memoised_team_keeps_no_level_the_order_no_longer_allows() -> None:
+    """Team A's head keeps its value (its team's Jobs finished, it passes nobody); then a
+    Workload of another team arrives between that value and the fresh one: A's head is written
+    after all, though its team's scoring comes from the memo (a kept value is a copy: the
+    memo's scoring stays the fresh one)."""
+    pend = [wl("a", "team-a", wait=7200), wl("b", "team-b", wait=60)]
+    teams = ("team-a", "team-b", "team-c")
+    snap1 = snapshot([*running("team-a", 6, "r"), *running("team-b", 10, "r"), *pend],
+                     gpus=16, teams=teams)
+    carried = written(snap1, compute_plan(snap1, S, NOW), boost=True)
+    gone = {"team-a/r0", "team-a/r1"}
+    snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
+    rewritten = []
+    for team in ("team-b", "team-c"):
+        for wait in range(0, 86400, 1800):
+            memo = PlanMemo()
+            assert pending_writes(snap2, compute_plan(snap2, S, NOW, memo=memo)) == []
+            snap3 = replace(snap2, workloads=(*snap2.workloads, wl("c", team, wait=wait)))
+            plan = compute_plan(snap3, S, NOW, memo=memo)
+            assert plan == compute_plan(snap3, S, NOW), (team, wait)
+            rewritten.append("team-a/a" in pending_writes(snap3, plan))
+    assert any(rewritten)  # some newcomers land between A's kept and fresh values
