@@ -178,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     log = a.out / "records.jsonl"
     done = []
+    if a.report_only and not log.is_file():
+        print(f"error: --report-only needs the runs in {log}, which does not exist",
+              file=sys.stderr)
+        return 2
     if a.report_only or (a.resume and log.is_file()):
         done = [record_from_json(json.loads(line)) for line in log.read_text().splitlines()
                 if line.strip()]
