@@ -27,6 +27,7 @@ from controller.domain import (
     OwnerInfo,
     PriorityClass,
     Workload,
+    fast_init,
 )
 from controller.workload import implied_base as implied_base  # policy imports it from here
 
@@ -201,6 +202,7 @@ def read_current_boost(workload: Workload) -> tuple[int | None, list[InputProble
 
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Classified:
     """What one Workload's annotations say, and what was wrong with them."""

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import compress, repeat
-from operator import attrgetter, eq, is_not, itemgetter, not_
+from operator import attrgetter, eq, is_, is_not, itemgetter, not_
 from types import MappingProxyType
 from typing import Any
 
@@ -86,6 +86,7 @@ _Merged = tuple[tuple[WorkloadDecision, ...], Mapping[tuple[str, str], TeamShare
 _FINISHED, _UID = attrgetter("finished"), attrgetter("uid")
 _NAMESPACE, _NAME = attrgetter("namespace"), attrgetter("name")
 _SECOND = itemgetter(1)
+_ADMITTED, _CLUSTER_QUEUE = attrgetter("admitted"), attrgetter("cluster_queue")
 _KIND = attrgetter("kind")
 _OF_PRIORITY_CLASS = attrgetter("workload_priority_class")
 
@@ -564,28 +565,40 @@ def _plan_part(pool: str, given: _Inputs, snapshot: ClusterSnapshot, settings: P
     # (`_Splitter` checked the Workloads: unfinished, UIDs and names unique)
     plan = compute_plan(sub, settings, now, memo=memo, unique=True)
     mode = requeue_mode(snapshot.requeue_timestamp, settings)
-    # An identical decision (the memo's) keeps its entry.
-    known = {id(e[1]): e for e in last.pending} if last is not None else {}
-    unchanged = [d for d in plan.decisions if d.breakdown is None and not d.admitted]
+    # Pending decisions come first (`order`), then admitted ones (`guard_admitted`).
+    decisions = plan.decisions
+    flags = list(map(_ADMITTED, decisions))
+    split = flags.index(True) if True in flags else len(flags)
+    if not all(flags[split:]):
+        raise AssertionError("compute_plan put a pending decision after an admitted one")
+    mine = decisions[:split]
+    # An identical decision (the memo's) keeps its entry (looked up in C; `last` holds the
+    # decisions, so an id is theirs).
+    known = dict(zip(map(id, map(_SECOND, last.pending)), last.pending, strict=True)) \
+        if last is not None else {}
+    rows: list[Any] = list(map(known.get, map(id, mine)))
+    missing = list(compress(range(split), map(is_, rows, repeat(None))))
+    ordered = memo.order
+    if ordered is not None and len(ordered.keys) == split:
+        # The memo's keys of these decisions, in the same order: `policy.order`'s (for one
+        # left unchanged, by what Kueue has now: `policy.kueue_priority`).
+        for i in missing:
+            rows[i] = (ordered.keys[i], mine[i])
+        missing = []
+    unchanged = [mine[i] for i in missing if mine[i].breakdown is None]
     names = {d.key.partition("/")[2] for d in unchanged}
     by_key = {w.key: w for w in given.workloads if w.name in names} if names else {}
-    pending: list[tuple[PendingKey, WorkloadDecision]] = []
-    admitted: list[WorkloadDecision] = []
-    unknown = 0
-    for d in plan.decisions:
-        if d.admitted:
-            admitted.append(d)
-            continue
-        unknown += d.cluster_queue is None
+    for i in missing:
+        d = mine[i]
         b = d.breakdown
-        entry = known.get(id(d))
-        if entry is not None and entry[1] is d:
-            pending.append(entry)
-        elif b is not None:
-            pending.append(((-d.target_priority, b.queued_since, d.uid), d))
+        if b is not None:
+            rows[i] = ((-d.target_priority, b.queued_since, d.uid), d)
         else:  # left unchanged: ordered by what Kueue has now (`policy.kueue_priority`)
             current = (d.current_priority or 0) + (d.current_boost or 0)
-            pending.append(((-current, queued_since(by_key[d.key], mode), d.uid), d))
+            rows[i] = ((-current, queued_since(by_key[d.key], mode), d.uid), d)
+    pending: list[tuple[PendingKey, WorkloadDecision]] = rows
+    admitted = decisions[split:]
+    unknown = list(map(_CLUSTER_QUEUE, mine)).count(None)
     instants: list[float] = []
     if settings.reclaim_enabled:
         for w in given.workloads:

@@ -1615,7 +1615,7 @@ def _ordered(scored: list[Scored], memo: PlanMemo | None) -> _Ordered:
     all_keys = list(map(_order_key, scored))
     positions = sorted(range(len(scored)), key=all_keys.__getitem__)
     in_order = list(map(scored.__getitem__, positions))
-    out = _Ordered(dict(zip(map(id, in_order), in_order, strict=True)),
+    out = _Ordered(dict(zip(map(id, in_order), in_order, strict=True)) if memo else {},
                    list(map(all_keys.__getitem__, positions)),
                    list(map(_SCORED_CQ, in_order)), in_order, [-1] * len(scored),
                    [None] * len(scored))
