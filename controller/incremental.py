@@ -317,7 +317,7 @@ def _unique(keys: Iterable[object], what: str) -> None:
 
 
 _NO_POOL = ""  # a deactivated pending Workload: in no pool (pool names are never empty)
-_SMALL_CHANGE = 8  # the positions diff is used while at most 1/8 of the Workloads changed
+_SMALL_CHANGE = 8  # the positions diff is used while at most 8, or 1/8, of the Workloads changed
 
 
 class _Splitter:
@@ -337,10 +337,34 @@ class _Splitter:
         self._members: dict[str, tuple[Workload, ...]] = {}
         self._queues: tuple[Any, ...] | None = None  # (ClusterQueues, LocalQueues, maps...)
         self._owner_keys: dict[str, _OwnerKeys] = {}
+        # The unfinished Workloads' UIDs and namespace/names (those of Workloads finished since
+        # may stay: a newcomer with one is checked with the others).
+        self._uids: set[str] = set()
+        self._names: set[tuple[str, str]] = set()
         # The unfinished Workloads whose WorkloadPriorityClass is a class stand-in, by
         # (stand-in, base): their positions and keys (`stand_in_warnings`, kept position by
         # position like the pools).
         self.stand_ins: dict[tuple[str, int], dict[int, str]] = {}
+
+    def _still_unique(self, workloads: tuple[Workload, ...], held: tuple[Workload, ...],
+                      start: int, old_end: int, new_end: int) -> bool:
+        """Whether the unfinished Workloads are still unique (UIDs set) after the middle
+        `held[start:old_end]` became `workloads[start:new_end]`; False where that cannot be
+        told from the sets (they are read again)."""
+        uids, names = self._uids, self._names
+        for w in held[start:old_end]:
+            if not w.finished:
+                uids.discard(w.uid)
+                names.discard((w.namespace, w.name))
+        for w in workloads[start:new_end]:
+            if w.finished:
+                continue
+            name = (w.namespace, w.name)
+            if not w.uid or w.uid in uids or name in names:
+                return False
+            uids.add(w.uid)
+            names.add(name)
+        return True
 
     def __call__(self, snapshot: ClusterSnapshot) -> tuple[dict[str, _Inputs],
                                                            list[InputProblem]]:
@@ -386,13 +410,20 @@ class _Splitter:
         workloads = snapshot.workloads
         n, held = len(workloads), self._held
         changed: list[int] | None = None
+        # Another length (Workloads added at the end, or gone from the middle): the positions
+        # before `start` and from `old_end` (`new_end` now) on hold the same objects.
+        shift: tuple[int, int, int] | None = None
         if held and n == len(held):  # the same positions: which hold another object (in C)
             changed = list(compress(range(n), map(is_not, workloads, held)))
-            if len(changed) * _SMALL_CHANGE > n:
+            if len(changed) > max(_SMALL_CHANGE, n // _SMALL_CHANGE):
                 changed = None
-        if changed is None or any(
+        elif held:
+            shift = _shifted(workloads, held)
+            if shift is not None and not self._still_unique(workloads, held, *shift):
+                shift = None
+        if (changed is None and shift is None) or (changed is not None and any(
                 (w := workloads[i]).uid != (h := held[i]).uid or w.namespace != h.namespace
-                or w.name != h.name or (h.finished and not w.finished) for i in changed):
+                or w.name != h.name or (h.finished and not w.finished) for i in changed)):
             # No duplicate UID or name among the unfinished Workloads, none without a UID
             # (checked in C). (A changed object with its predecessor's UID and name, not
             # unfinished again, keeps last call's answer: no.)
@@ -401,18 +432,34 @@ class _Splitter:
             names = set(zip(map(_NAMESPACE, unfinished), map(_NAME, unfinished), strict=True))
             if len(uids) != len(unfinished) or "" in uids or len(names) != len(unfinished):
                 raise _Fallback("two Workloads with one UID or name, or a Workload without a UID")
+            self._uids, self._names = uids, names
 
         members: dict[str, tuple[Workload, ...]]
-        if changed is not None:
-            pools = self._pools.copy()
+        if changed is not None or shift is not None:
             touched: set[str] = set()
             stand_ins = self.stand_ins
-            for i in changed:
-                touched.add(pools[i])
-                pools[i] = assign(workloads[i])
-                touched.add(pools[i])
-                _forget_stand_in(stand_ins, i, held[i])
-                _add_stand_in(stand_ins, i, workloads[i])
+            if changed is not None:
+                pools = self._pools.copy()
+                for i in changed:
+                    touched.add(pools[i])
+                    pools[i] = assign(workloads[i])
+                    touched.add(pools[i])
+                    _forget_stand_in(stand_ins, i, held[i])
+                    _add_stand_in(stand_ins, i, workloads[i])
+            else:
+                assert shift is not None
+                start, old_end, new_end = shift
+                added = [assign(w) for w in workloads[start:new_end]]
+                touched.update(self._pools[start:old_end], added)
+                pools = [*self._pools[:start], *added, *self._pools[old_end:]]
+                for i in range(start, old_end):
+                    _forget_stand_in(stand_ins, i, held[i])
+                if new_end != old_end:  # the positions after the middle move
+                    for key, at in stand_ins.items():
+                        stand_ins[key] = {i + new_end - old_end if i >= old_end else i: k
+                                          for i, k in at.items()}
+                for i in range(start, new_end):
+                    _add_stand_in(stand_ins, i, workloads[i])
             members = dict(self._members)
             for pool in touched:
                 mine = tuple(compress(workloads, map(eq, pools, repeat(pool))))
@@ -472,6 +519,22 @@ class _Splitter:
             )
         self._owner_keys = owner_keys
         return out, plan_problems
+
+
+def _shifted(workloads: tuple[Workload, ...],
+             held: tuple[Workload, ...]) -> tuple[int, int, int] | None:
+    """(start, old end, new end) when `workloads` is `held` with few positions in between
+    replaced, added or removed: the same objects before `start` and after the middle (found
+    in C); None when the middle is not small."""
+    least = min(len(workloads), len(held))
+    start = next(compress(range(least), map(is_not, workloads, held)), least)
+    tail = next(compress(range(least - start), map(is_not, reversed(workloads),
+                                                   reversed(held))), least - start)
+    old_end, new_end = len(held) - tail, len(workloads) - tail
+    if (old_end - start) + (new_end - start) > max(_SMALL_CHANGE,
+                                                   len(workloads) // _SMALL_CHANGE):
+        return None
+    return start, old_end, new_end
 
 
 def _stand_in_key(w: Workload) -> tuple[str, int] | None:

@@ -444,6 +444,46 @@ def test_what_cannot_be_planned_by_pool_is_planned_whole() -> None:
     assert planner.fallback == "" and planner.replanned == ("cohort/A",)
 
 
+def test_workloads_added_or_removed_keep_the_others_in_their_pools() -> None:
+    """A Workload added at the end or removed from the middle (the others' positions move):
+    only its pool is planned again; one that repeats a UID or a name plans the whole; and
+    the class stand-ins' warnings follow the moved positions."""
+    world = World()
+    for i, ns in enumerate(NAMESPACES * 2):
+        world.add(ns, LOCAL[i % 3], 0, 60.0 * i, 1, owned=False)
+    s = Settings()
+    planner = IncrementalPlanner()
+
+    def check(snap: ClusterSnapshot) -> None:
+        assert planner.plan(snap, s, world.now) == compute_plan(snap, s, world.now)
+
+    check(world.snapshot())
+    first, second, third = list(world.workloads)[:3]
+    for key in (second, third):  # class stand-ins at a value these settings do not need
+        world.workloads[key] = replace(world.workloads[key], priority_class_name="wdrf-normal",
+                                       workload_priority_class=True, priority=3)
+    check(world.snapshot())
+    assert planner.plan(world.snapshot(), s, world.now).warnings == compute_plan(
+        world.snapshot(), s, world.now).warnings
+    del world.workloads[first]  # gone from the middle: the others move down
+    check(world.snapshot())
+    world.workloads[third] = replace(world.workloads[third], priority=4)  # moved, changed
+    check(world.snapshot())
+    del world.workloads[second]
+    check(world.snapshot())
+    world.add("team-2", "q1", 0, 5.0, 2, owned=False)  # added at the end
+    check(world.snapshot())
+    assert planner.fallback == "" and len(planner.replanned) == 1
+    same = next(iter(world.workloads.values()))
+    for twin in (replace(same, name="twin"), replace(same, uid="uid-twin")):
+        snap = world.snapshot()
+        snap = replace(snap, workloads=(*snap.workloads, twin))
+        check(snap)
+        assert "one UID or name" in planner.fallback
+        check(world.snapshot())
+        assert planner.fallback == ""
+
+
 def test_a_plan_does_not_move_with_the_clock() -> None:
     """Between rebases (and reclaim instants) the same snapshot gives the same decisions: what
     lets a pool's part be reused."""
