@@ -201,6 +201,12 @@ def check_goals(records: Sequence[RunRecord], loop_interval: float,
             good = w.mean <= f.mean  # NaN (none of them started) is not good
             ok = ok and good
             parts.append(f"{bucket}: {wdrf} {w.fmt(_h)} vs FIFO {f.fmt(_h)}")
+        quota = [f"normal_{b}_quota_max" for b in ("1gpu", "2-8gpu", ">8gpu")]
+        if all(m in r.metrics for r in records if r.policy in (wdrf, FIFO) for m in quota):
+            # what priorities decide; the verdict stays on time to start
+            parts.append("time to quota admission max: " + "; ".join(
+                f"{m.split('_')[1]}: {wdrf} {estimate(records, wdrf, m).fmt(_h)} vs FIFO "
+                f"{estimate(records, FIFO, m).fmt(_h)}" for m in quota))
         out.append(Goal(f"starvation ({where}): normal max wait per size bucket ≤ FIFO's", ok,
                         "; ".join(parts)))
     else:

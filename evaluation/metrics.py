@@ -261,6 +261,13 @@ def run_metrics(
                       if j.cls is PriorityClass.URGENT
                       and not math.isnan(result.first_quota[j.job_id]))
         out["urgent_quota_p99"], out["urgent_quota_max"] = q.p99, q.max
+        # The same for normal jobs per size bucket: a multi-GPU job's quota comes within
+        # minutes, and its longest wait is mostly for whole free nodes, which no priority makes.
+        for name, lo, hi in SIZE_BUCKETS:
+            q = quantiles(result.first_quota[j.job_id] - j.submit for j in jobs
+                          if j.cls is PriorityClass.NORMAL and lo <= j.need <= hi
+                          and not math.isnan(result.first_quota[j.job_id]))
+            out[f"normal_{name}_quota_max"] = q.max
     for name, v in buckets.items():
         q = quantiles(v)
         out[f"normal_{name}_p99"] = q.p99

@@ -92,6 +92,24 @@ def _met(recs: list[RunRecord], prefix: str, row: str = "WDRF") -> bool | None:
     return g.met
 
 
+def test_the_starvation_goal_shows_time_to_quota_beside_its_verdict() -> None:
+    """Time to quota admission is reported with the starvation goal; the verdict stays on time
+    to start (a WDRF row whose quota maxima are better than FIFO's still misses)."""
+    quota = {f"normal_{b}_quota_max": 60.0 for b in ("1gpu", "2-8gpu", ">8gpu")}
+    recs = []
+    for seed in range(5):
+        recs.append(_rec("WDRF", seed, **{**quota, "normal_1gpu_max": 9000.0}))
+        recs.append(_rec("FIFO", seed, **{k: 600.0 for k in quota}))
+    (g,) = [g for g in check_goals(recs, 10.0, "WDRF") if g.name.startswith("starvation")]
+    assert g.met is False
+    assert "time to quota admission max: 1gpu: WDRF 0.02 h" in g.detail
+    assert "vs FIFO 0.17 h" in g.detail
+    without = [replace(r, metrics={k: v for k, v in r.metrics.items() if k not in quota})
+               for r in recs]
+    (g,) = [g for g in check_goals(without, 10.0, "WDRF") if g.name.startswith("starvation")]
+    assert "quota" not in g.detail
+
+
 def test_goals_one_shared_cluster_queue() -> None:
     recs = []
     for seed in range(5):

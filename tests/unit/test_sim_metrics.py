@@ -117,6 +117,25 @@ def test_urgent_time_to_quota_admission_beside_time_to_start() -> None:
     assert m["urgent_p99"] == 190.0
 
 
+def test_normal_time_to_quota_admission_per_size_bucket() -> None:
+    """The same for a normal whole-GPU job: quota at once, start when a card is whole again."""
+    from controller.domain import PriorityClass
+    from evaluation.engine import SimConfig
+    from evaluation.kueue import KueueConfig, KueueSim
+    from evaluation.metrics import run_metrics
+    from evaluation.policies import StaticClasses
+    from evaluation.trace import Period, SimJob
+
+    n = PriorityClass.NORMAL
+    jobs = [SimJob(i, 0.0, 200.0, "a", n, 1, 1, 50) for i in range(8)]
+    jobs.append(SimJob(8, 10.0, 60.0, "b", n, 1, 1, 100))
+    r = KueueSim(jobs, SimConfig(nodes=1, check_invariants=True), KueueConfig(),
+                 StaticClasses()).run()
+    m = run_metrics(r, Period(0.0, 3600.0), [1.0, 1.0], 10.0)
+    assert r.first_quota[8] == 10.0 and r.admit[8] == 200.0
+    assert m["normal_1gpu_max"] == 190.0 and m["normal_1gpu_quota_max"] == 0.0
+
+
 def test_team_ratios_against_weighted_entitlement() -> None:
     from evaluation.metrics import team_ratios
     from evaluation.trace import Period
