@@ -20,8 +20,10 @@ collection paused during each plan, collected and frozen between plans, outside 
 `--incremental` also times the live controller's planner (`controller.incremental`): its first
 plan, a steady cycle in which one Workload of one pool changed (a new object, as the informer
 cache gives after an update; a different pool each run), and a cycle in which nothing changed;
-checks once that its plan equals compute_plan's; then times a cycle after a rebase (every pool
-planned again, each from its memo) and prints the process max RSS with the planner's state.
+checks once that its plan equals compute_plan's; cycles in which one pending Workload is
+admitted, and in which one new pending Workload is added at the end of the snapshot (checked
+equal to compute_plan's after them); then times a cycle after a rebase (every pool planned
+again, each from its memo) and prints the process max RSS with the planner's state.
 """
 
 from __future__ import annotations
@@ -240,6 +242,8 @@ def incremental(snap: ClusterSnapshot, settings: Settings, runs: int, full: Plan
         still.append(wall)
         still_cpu.append(used)
     same = plan == compute_plan(snap, settings, NOW)
+    snap, moved = admitted_and_added(planner, snap, settings, runs, chosen)
+    same = same and planner.plan(snap, settings, NOW) == compute_plan(snap, settings, NOW)
     print(f"incremental: {pools} pools; first plan {cold[0] * 1000:.1f} ms "
           f"(CPU {cold[1] * 1000:.1f} ms){'' if not planner.fallback else ' ' + planner.fallback}")
     print(f"incremental, one Workload changed: median {statistics.median(times) * 1000:.1f} ms, "
@@ -247,6 +251,9 @@ def incremental(snap: ClusterSnapshot, settings: Settings, runs: int, full: Plan
           f"(pools replanned per run: {sorted(set(replanned))})")
     print(f"incremental, nothing changed: median {statistics.median(still) * 1000:.1f} ms, "
           f"CPU {statistics.median(still_cpu) * 1000:.1f} ms; equal to compute_plan: {same}")
+    for what, (used_cpu, count) in moved.items():
+        print(f"incremental, {what}: CPU {statistics.median(used_cpu) * 1000:.1f} ms over "
+              f"{runs} runs (pools replanned per run: {sorted(count)})")
     # A rebase moves every pending value: every pool is planned again, from the memos.
     later = NOW + timedelta(seconds=settings.rebase_period)
     rebase = timed(planner.plan, snap, settings, later)[1:]
@@ -254,6 +261,38 @@ def incremental(snap: ClusterSnapshot, settings: Settings, runs: int, full: Plan
     print(f"incremental, after a rebase (every pool planned again, {len(planner.replanned)}): "
           f"{rebase[0] * 1000:.1f} ms (CPU {rebase[1] * 1000:.1f} ms); process max RSS now "
           f"{rss_kib / 1024:.1f} MiB")
+
+
+def admitted_and_added(
+    planner: IncrementalPlanner, snap: ClusterSnapshot, settings: Settings, runs: int,
+    chosen: list[int],
+) -> tuple[ClusterSnapshot, dict[str, tuple[list[float], set[int]]]]:
+    """Steady cycles after one pending Workload of a pool is admitted (its ClusterQueue's
+    quota reserved), and after one new pending Workload is added at the end of the snapshot
+    (as the informer cache lists a new object): CPU seconds of each, a different pool each
+    run; and the pools each replanned."""
+    cq_of = {(lq.namespace, lq.name): lq.cluster_queue for lq in snap.local_queues}
+    original = snap.workloads
+    workloads = list(original)
+    out: dict[str, tuple[list[float], set[int]]] = {
+        "one pending Workload admitted": ([], set()), "one pending Workload added": ([], set())}
+    for run in range(runs):
+        i = chosen[run % len(chosen)]
+        w, count = original[i], original[i].pod_sets[0].count
+        usage = {k: v * count for k, v in w.pod_sets[0].containers[0].resources.items()}
+        workloads[i] = replace(
+            w, quota_reserved=True, admitted=True, resource_version=f"admitted-{run}",
+            admission=Admission(cq_of[(w.namespace, w.queue_name)], frozen_resources(usage)))
+        snap = replace(snap, workloads=tuple(workloads))
+        out["one pending Workload admitted"][0].append(timed(planner.plan, snap, settings, NOW)[2])
+        out["one pending Workload admitted"][1].add(len(planner.replanned))
+    for run in range(runs):
+        w = original[chosen[run % len(chosen)]]  # (a copy of one pending Workload)
+        workloads.append(replace(w, name=f"{w.name}-new", uid=f"{w.uid}-new"))
+        snap = replace(snap, workloads=tuple(workloads))
+        out["one pending Workload added"][0].append(timed(planner.plan, snap, settings, NOW)[2])
+        out["one pending Workload added"][1].add(len(planner.replanned))
+    return snap, out
 
 
 def one_pool(snap: ClusterSnapshot, settings: Settings, runs: int) -> None:
