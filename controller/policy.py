@@ -331,22 +331,86 @@ def _members(
 
     workloads = g.workloads
     context = (g.lq_to_cq, pool_by_cq, g.jobs, g.owners)
-    if memo is not None and members and context == memo.account_context:
+    same = memo is not None and bool(members) and context == memo.account_context
+    last = memo.accounted if same and memo is not None else None
+    if last is not None and len(last.workloads) == len(workloads):
+        # The same positions: only those that hold another Workload are read (compared in C:
+        # the others' objects are not read at all), while each keeps its kind and team.
+        changed = list(compress(range(len(workloads)), map(is_not, workloads,
+                                                             last.workloads)))
+        if len(changed) <= max(_FEW_CHANGED, len(workloads) // _FEW_CHANGED):
+            now = [member_of(workloads[i]) for i in changed]
+            if all(_same_place(last.rows[i], m) for i, m in zip(changed, now, strict=True)):
+                for i, m in zip(changed, now, strict=True):
+                    old, slot = last.rows[i], last.slots[i]
+                    last.rows[i] = m
+                    if old is not None:
+                        del last.seen[id(old.workload)]
+                    if m is not None:
+                        if slot >= 0:
+                            last.pending[slot] = m
+                        else:
+                            last.admitted[-slot - 2] = m
+                for m in now:
+                    if m is not None:
+                        last.seen[id(m.workload)] = m
+                last.workloads = workloads
+                return last.pending, last.admitted, last.present, last.seen
+    if same:
         # Whatever decides a Member but its Workload is as before: a Workload with a Member
         # in the memo keeps it (looked up in C); the others are read one by one.
-        rows: list[Any] = list(map(members.get, map(id, workloads), repeat(_NO_MEMBER)))
+        rows: list[Any] = list(map(members.get, map(id, workloads),  # type: ignore[union-attr]
+                                   repeat(_NO_MEMBER)))
         for i in compress(range(len(rows)), map(is_not, map(_WORKLOAD, rows), workloads)):
             rows[i] = member_of(workloads[i])
-        listed: list[Member] = list(filter(None, rows))
     else:
-        listed = [m for m in map(member_of, workloads) if m is not None]
-    if memo is not None:
-        memo.account_context = context
+        rows = list(map(member_of, workloads))
+    listed: list[Member] = list(filter(None, rows))
     reserved = list(map(_QUOTA_RESERVED, map(_WORKLOAD, listed)))
-    return (list(compress(listed, map(not_, reserved))), list(compress(listed, reserved)),
-            set(zip(map(_POOL, listed), map(_TEAM, listed), strict=True)),
-            dict(zip(map(id, map(_WORKLOAD, listed)), listed, strict=True))
-            if memo is not None else {})
+    pending, admitted = list(compress(listed, map(not_, reserved))), list(compress(listed,
+                                                                                 reserved))
+    present = set(zip(map(_POOL, listed), map(_TEAM, listed), strict=True))
+    if memo is None:
+        return pending, admitted, present, {}
+    memo.account_context = context
+    seen = dict(zip(map(id, map(_WORKLOAD, listed)), listed, strict=True))
+    # Each position's place: its index in `pending`, -2 - its index in `admitted`, or -1.
+    slots: list[int] = []
+    counts = [0, 0]
+    for m in rows:
+        if m is None:
+            slots.append(-1)
+        elif m.workload.quota_reserved:
+            slots.append(-2 - counts[1])
+            counts[1] += 1
+        else:
+            slots.append(counts[0])
+            counts[0] += 1
+    memo.accounted = _Accounted(workloads, rows, pending, admitted, present, seen, slots)
+    return pending, admitted, present, seen
+
+
+def _same_place(old: Member | None, new: Member | None) -> bool:
+    """Whether `new` takes `old`'s place among the Members: both none, or both pending or
+    both admitted, in the same pool and team."""
+    if old is None or new is None:
+        return old is new
+    return old.workload.quota_reserved == new.workload.quota_reserved \
+        and old.pool == new.pool and old.team == new.team
+
+
+@dataclass(slots=True)
+class _Accounted:
+    """One `_members` call, position by position: its Workloads, each one's Member (None: not
+    competing) and place (`slots`), and what it returned."""
+
+    workloads: tuple[Workload, ...]
+    rows: list[Member | None]
+    pending: list[Member]
+    admitted: list[Member]
+    present: set[PoolTeam]
+    seen: dict[int, Member]
+    slots: list[int]
 
 
 def account(
@@ -810,6 +874,8 @@ class PlanMemo:
             _ContextMemo())
         # What the Members were read with besides their Workloads and the team source.
         self.account_context: object = None
+        # The last `_members` call, position by position (valid under the same context).
+        self.accounted: _Accounted | None = None
         self.stand_ins: StandIns = {}  # `classify.stand_in` by Workload id
         # Guards by (class, team, pool, base, override), and each admitted Workload's guard
         # decision by its id: (Workload, Classified, guard, ClusterQueue, decision).
