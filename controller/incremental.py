@@ -68,6 +68,7 @@ from controller.plan import Plan, TeamShare, WorkloadDecision
 from controller.policy import (
     PlanMemo,
     compute_plan,
+    few_changed,
     kueue_team_weights,
     plan_warnings,
     team_summary,
@@ -317,7 +318,6 @@ def _unique(keys: Iterable[object], what: str) -> None:
 
 
 _NO_POOL = ""  # a deactivated pending Workload: in no pool (pool names are never empty)
-_SMALL_CHANGE = 8  # the positions diff is used while at most 8, or 1/8, of the Workloads changed
 
 
 class _Splitter:
@@ -415,7 +415,7 @@ class _Splitter:
         shift: tuple[int, int, int] | None = None
         if held and n == len(held):  # the same positions: which hold another object (in C)
             changed = list(compress(range(n), map(is_not, workloads, held)))
-            if len(changed) > max(_SMALL_CHANGE, n // _SMALL_CHANGE):
+            if not few_changed(len(changed), n):
                 changed = None
         elif held:
             shift = _shifted(workloads, held)
@@ -531,8 +531,7 @@ def _shifted(workloads: tuple[Workload, ...],
     tail = next(compress(range(least - start), map(is_not, reversed(workloads),
                                                    reversed(held))), least - start)
     old_end, new_end = len(held) - tail, len(workloads) - tail
-    if (old_end - start) + (new_end - start) > max(_SMALL_CHANGE,
-                                                   len(workloads) // _SMALL_CHANGE):
+    if not few_changed((old_end - start) + (new_end - start), len(workloads)):
         return None
     return start, old_end, new_end
 

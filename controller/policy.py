@@ -338,7 +338,7 @@ def _members(
         # the others' objects are not read at all), while each keeps its kind and team.
         changed = list(compress(range(len(workloads)), map(is_not, workloads,
                                                              last.workloads)))
-        if len(changed) <= max(_FEW_CHANGED, len(workloads) // _FEW_CHANGED):
+        if few_changed(len(changed), len(workloads)):
             now = [member_of(workloads[i]) for i in changed]
             if all(_same_place(last.rows[i], m) for i, m in zip(changed, now, strict=True)):
                 for i, m in zip(changed, now, strict=True):
@@ -700,7 +700,7 @@ def score_pending(
         # The same positions: only those that hold another Member are read (compared in C:
         # the others' objects are not read at all).
         changed = list(compress(range(len(pending)), map(is_not, pending, last.pending)))
-        if len(changed) > max(_FEW_CHANGED, len(pending) // _FEW_CHANGED):
+        if not few_changed(len(changed), len(pending)):
             changed = None
     if changed is not None and last is not None and seen is not None:
         found_all = last.found.copy()
@@ -791,8 +791,14 @@ def score_pending(
     return out  # type: ignore[return-value]  # (every position is set)
 
 
-# Past this many changed Members, or one in this many, `score_pending` reads them all.
+# Up to this many changed positions, or one in this many, a memo is updated position by
+# position; past it, everything is read again.
 _FEW_CHANGED = 8
+
+
+def few_changed(changed: int, total: int) -> bool:
+    """Whether `changed` of `total` positions are few enough to update a memo in place."""
+    return changed <= max(_FEW_CHANGED, total // _FEW_CHANGED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -862,8 +868,8 @@ class PlanMemo:
         # The last `score_pending`, position by position (valid while `workloads` holds
         # its entries: the same context).
         self.pending: _Pending | None = None
-        # Compared field by field, so valid whatever the context.
-        # The last plan's pending Scored in Kueue's order, and their decisions (`order`).
+        # The last plan's pending Scored in Kueue's order, and their decisions (`order`): valid
+        # whatever the context (a Scored never changes once made, nor does its key).
         self.order: _Ordered | None = None
         self.usage: dict[int, tuple[Workload, float | None, Vector]] = {}  # admitted usage
         self.members: _ContextMemo[int, Member] = _ContextMemo()
