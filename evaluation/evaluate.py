@@ -27,7 +27,7 @@ from evaluation.experiment import (
     Window,
     weights_tag,
 )
-from evaluation.metrics import quantile
+from evaluation.metrics import SIZE_BUCKETS, quantile
 from evaluation.trace import CITATION, HOUR
 
 RESAMPLES = 2000
@@ -192,7 +192,8 @@ def check_goals(records: Sequence[RunRecord], loop_interval: float,
                         "no baseline run"))
     if FIFO in policies:
         parts, ok = [], True
-        for bucket in ("1gpu", "2-8gpu", ">8gpu"):
+        buckets = [name for name, _, _ in SIZE_BUCKETS]
+        for bucket in buckets:
             metric = f"normal_{bucket}_max"
             w, f = estimate(records, wdrf, metric), estimate(records, FIFO, metric)
             if w.n == 0 and f.n == 0:
@@ -201,12 +202,13 @@ def check_goals(records: Sequence[RunRecord], loop_interval: float,
             good = w.mean <= f.mean  # NaN (none of them started) is not good
             ok = ok and good
             parts.append(f"{bucket}: {wdrf} {w.fmt(_h)} vs FIFO {f.fmt(_h)}")
-        quota = [f"normal_{b}_quota_max" for b in ("1gpu", "2-8gpu", ">8gpu")]
-        if all(m in r.metrics for r in records if r.policy in (wdrf, FIFO) for m in quota):
+        quota = {b: f"normal_{b}_quota_max" for b in buckets}
+        if all(m in r.metrics for r in records if r.policy in (wdrf, FIFO)
+               for m in quota.values()):
             # what priorities decide; the verdict stays on time to start
             parts.append("time to quota admission max: " + "; ".join(
-                f"{m.split('_')[1]}: {wdrf} {estimate(records, wdrf, m).fmt(_h)} vs FIFO "
-                f"{estimate(records, FIFO, m).fmt(_h)}" for m in quota))
+                f"{b}: {wdrf} {estimate(records, wdrf, m).fmt(_h)} vs FIFO "
+                f"{estimate(records, FIFO, m).fmt(_h)}" for b, m in quota.items()))
         out.append(Goal(f"starvation ({where}): normal max wait per size bucket ≤ FIFO's", ok,
                         "; ".join(parts)))
     else:
