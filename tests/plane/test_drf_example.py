@@ -37,11 +37,11 @@ from kubernetes import client as k8s
 
 from controller.domain import PRIORITY_OVERRIDE_ANNOTATION, PRIORITY_TERMS_ANNOTATION
 from tests.plane import live_helpers as h
-from tests.support import kube
+from tests.support import drf, kube
+from tests.support.drf import Alloc
 
 pytestmark = pytest.mark.plane
 
-Alloc = tuple[tuple[str, int], ...]
 CAPACITY = {"cpu": Fraction(9), "memory_gi": Fraction(18)}
 TASKS = {"a": {"cpu": Fraction(1), "memory_gi": Fraction(4)},
          "b": {"cpu": Fraction(3), "memory_gi": Fraction(1)}}
@@ -49,30 +49,10 @@ PER_TEAM = 6
 
 
 def progressive_filling(weights: Mapping[str, Fraction]) -> set[Alloc]:
-    """Weighted DRF as the paper runs it: the next task goes to the team with the lowest
-    weighted dominant share whose next task still fits, until none fits. Exact arithmetic; a tie
-    is followed both ways, so the result is every allocation DRF allows (one when ties do not
+    """Every allocation weighted DRF allows here (tests/support/drf.py: one when ties do not
     matter)."""
-    out: set[Alloc] = set()
-
-    def fill(count: dict[str, int], blocked: frozenset[str]) -> None:
-        open_ = [t for t in TASKS if t not in blocked]
-        if not open_:
-            out.add(tuple(sorted(count.items())))
-            return
-        def share(t: str) -> Fraction:
-            return max(count[t] * q / CAPACITY[r] for r, q in TASKS[t].items()) / weights[t]
-        lowest = min(share(t) for t in open_)
-        for team in (t for t in open_ if share(t) == lowest):
-            used = {r: sum(n * TASKS[t][r] for t, n in count.items()) for r in CAPACITY}
-            if count[team] == PER_TEAM or any(used[r] + q > CAPACITY[r]
-                                              for r, q in TASKS[team].items()):
-                fill(count, blocked | {team})
-            else:
-                fill({**count, team: count[team] + 1}, blocked)
-
-    fill(dict.fromkeys(TASKS, 0), frozenset())
-    return out
+    return drf.progressive_filling(
+        {t: drf.Team(TASKS[t], PER_TEAM, weights[t]) for t in TASKS}, CAPACITY, CAPACITY)
 
 
 def creation_order(first: str) -> dict[str, int]:
