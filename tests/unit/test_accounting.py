@@ -22,9 +22,12 @@ from controller.config import Settings
 from controller.domain import (
     GPU,
     CapacitySource,
+    ClusterQueue,
     Container,
     GpuDevice,
+    KueueApiVersion,
     NodeInventory,
+    ResourceQuota,
     TeamSource,
     frozen_resources,
 )
@@ -135,6 +138,60 @@ def test_fairness_term_is_monotone_and_bounded() -> None:
     assert all(a >= b for a, b in pairwise(vals))
     step = s.fairness_points // s.fairness_levels
     assert all(0 <= v <= s.fairness_points and v % step == 0 for v in vals)
+
+
+GIB = 1 << 30
+DRF_PAPER_CQ = ClusterQueue("cq", KueueApiVersion.V1BETA2, quotas=(
+    ResourceQuota("default", "cpu", Decimal(9)),
+    ResourceQuota("default", "memory", Decimal(18 * GIB))))
+
+
+@pytest.mark.parametrize(("weights", "a_share", "b_share"), [
+    ({}, 2 / 3, 2 / 3),  # the paper: both at a dominant share of 2/3
+    ({"team-a": 2.0, "team-b": 0.5}, 1 / 3, 4 / 3),
+    ({"team-a": 1.5}, 4 / 9, 2 / 3),
+])
+def test_weighted_dominant_share_is_the_largest_share_over_the_weight(
+    weights: dict[str, float], a_share: float, b_share: float,
+) -> None:
+    """Weighted DRF (Ghodsi et al., NSDI 2011; fairness-anchors.md): s = max_r u_r / (w x C_r).
+    The paper's allocation on 9 CPUs and 18 GB: A runs 3 tasks of <1 CPU, 4 GB> (<1/3, 2/3>:
+    memory dominates), B 2 of <3 CPUs, 1 GB> (<2/3, 1/9>: CPU dominates)."""
+    items = [wl(f"a{i}", "team-a", gpu=None, admitted=True,
+                resources={"cpu": "1", "memory": str(4 * GIB)}) for i in range(3)]
+    items += [wl(f"b{i}", "team-b", gpu=None, admitted=True,
+                 resources={"cpu": "3", "memory": str(GIB)}) for i in range(2)]
+    s = make_settings(team_weights=weights, resource_weights={"cpu": 1.0, "memory": 1.0})
+    teams = compute_plan(snapshot(items, cq=DRF_PAPER_CQ, teams=("team-a", "team-b")), s,
+                         NOW).teams
+    assert teams["team-a"].dominant_share == pytest.approx(a_share)
+    assert teams["team-b"].dominant_share == pytest.approx(b_share)
+    assert teams["team-a"].dominant_resource == "memory"
+    assert teams["team-b"].dominant_resource == "cpu"
+
+
+def test_classic_fair_share_factor_is_one_half_at_the_entitlement() -> None:
+    """Slurm's classic fair share (fairness-anchors.md): F = 2^(-U/S) is 1 with no usage, 0.5
+    at exactly the team's share and 0.25 at twice it, whatever the weights; level = floor(F x
+    FAIRNESS_LEVELS). 8 GPUs, W = 4: team-a (weight 2) is entitled to 4 and uses 4, team-b
+    (weight 1) to 2 and uses 2, team-c uses none. Then W = 2: team-a (weight 1) uses all 8,
+    twice its 4."""
+    s = make_settings(team_weights={"team-a": 2.0})
+    items = [wl("a-run", admitted=True, gpu="4"), wl("b-run", "team-b", admitted=True, gpu="2"),
+             wl("a"), wl("b", "team-b"), wl("c", "team-c")]
+    plan = compute_plan(snapshot(items), s, NOW)
+    levels = {d.team: d.breakdown.fairness_level for d in plan.pending if d.breakdown}
+    points = {d.team: d.breakdown.fairness_term for d in plan.pending if d.breakdown}
+    assert {t: plan.teams[t].usage_over_entitlement for t in levels} == pytest.approx(
+        {"team-a": 1.0, "team-b": 1.0, "team-c": 0.0})
+    assert levels == {"team-a": 25, "team-b": 25, "team-c": 50}  # F = 0.5, 0.5, 1
+    assert points == {"team-a": 50_000, "team-b": 50_000, "team-c": 100_000}
+    twice = compute_plan(snapshot([wl("a-run", admitted=True, gpu="8"), wl("a"),
+                                   wl("b", "team-b")], teams=("team-a", "team-b")),
+                         make_settings(), NOW)
+    assert twice.teams["team-a"].usage_over_entitlement == pytest.approx(2.0)
+    assert {d.team: d.breakdown.fairness_level for d in twice.pending if d.breakdown} == {
+        "team-a": 12, "team-b": 50}  # F = 0.25: floor(12.5)
 
 
 def test_resource_weight_zero_ignores_resource() -> None:

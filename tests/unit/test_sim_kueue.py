@@ -15,6 +15,8 @@ from evaluation import trace as tr
 from evaluation.engine import SimConfig, SimResult
 from evaluation.kueue import (
     COHORT,
+    FINAL_SHARE,
+    INITIAL_SHARE,
     PLACEMENT,
     PODS_READY_TIMEOUT,
     PREEMPTED,
@@ -249,6 +251,66 @@ def test_fair_sharing_orders_by_share_and_reclaims_by_strategy() -> None:
     cq.used = cq.nominal + 80
     assert sim.share(cq) == pytest.approx(80 * 1000 / 800)
 
+
+
+def test_fair_sharing_share_is_zero_within_nominal_and_divided_by_the_weight() -> None:
+    """fairness-anchors.md, Kueue: a ClusterQueue's share counts only usage above its nominal
+    quota, over what the cohort can lend, divided by its fairSharing.weight; zero within
+    quota."""
+    jobs = [job(0, 0.0, 1.0, team="a"), job(1, 0.0, 1.0, team="b")]
+    sim = KueueSim(jobs, SimConfig(nodes=1), KueueConfig(
+        topology=COHORT, fair_sharing=True, team_weights={"a": 3.0, "b": 1.0}), Fifo())
+    a, b = sim.cqs["cq-a"], sim.cqs["cq-b"]
+    assert (a.nominal, b.nominal) == (600, 200)  # 8 GPUs (in GPU percent) by weight 3:1
+    a.used = 600
+    assert sim.share(a) == 0.0  # at nominal: lends nothing, borrows nothing
+    assert sim.share(a, 100) == pytest.approx(100 * 1000 / 800 / 3.0)  # above: / weight 3
+    b.used = 300
+    assert sim.share(b) == pytest.approx(100 * 1000 / 800 / 1.0)
+
+
+def reclaim_by_share() -> list[tr.SimJob]:
+    """8 GPUs, three teams of weight 1 (nominal 2.67 GPUs each): a runs one 5-GPU job, b three
+    1-GPU jobs, c is idle; then b asks for one more GPU. With it b is 1.33 GPUs above its
+    nominal; a is 2.33 above before losing its job and 0 after."""
+    jobs = [job(0, 0.0, 1.0, team="c"), job(1, 2.0, 5000.0, gpus=5, team="a")]
+    jobs += [job(2 + i, 3.0 + i, 5000.0, team="b") for i in range(3)]
+    jobs.append(job(5, 100.0, 100.0, team="b"))
+    return jobs
+
+
+@pytest.mark.parametrize(("strategies", "reclaims"), [
+    ((FINAL_SHARE,), False),  # b would end above a (1.33 > 0): not allowed
+    ((FINAL_SHARE, INITIAL_SHARE), True),  # then: b with it (1.33) below a before (2.33)
+    ((INITIAL_SHARE,), True),
+])
+def test_fair_sharing_reclaims_by_final_then_initial_share(
+    strategies: tuple[str, ...], reclaims: bool,
+) -> None:
+    """fairness-anchors.md, Kueue: `LessThanOrEqualToFinalShare` lets a reclaim through only
+    where it leaves the reclaimer at or below the victim's share after it; then
+    `LessThanInitialShare` only where the reclaimer (with its workload) is below the victim's
+    share before it."""
+    k = KueueConfig(topology=COHORT, fair_sharing=True, within_cluster_queue="LowerPriority",
+                    reclaim_within_cohort="Any", fair_sharing_strategies=strategies)
+    r = run(reclaim_by_share(), k)
+    if reclaims:
+        assert [(e.job_id, e.by) for e in r.evictions] == [(1, 5)] and r.admit[5] == 100.0
+    else:
+        assert r.evictions == [] and r.admit[5] > 5000.0
+    assert conserved(r)
+
+
+def test_fair_sharing_never_reclaims_from_a_queue_not_above_the_reclaimer() -> None:
+    """Neither strategy takes from a ClusterQueue whose share is at or below the reclaimer's
+    with its workload: a runs 4 GPUs (1.33 above nominal), b 4 and asks for a fifth (2.33)."""
+    jobs = [job(0, 0.0, 1.0, team="c"), job(1, 2.0, 5000.0, gpus=4, team="a")]
+    jobs += [job(2 + i, 3.0 + i, 5000.0, team="b") for i in range(4)]
+    jobs.append(job(6, 100.0, 100.0, team="b"))
+    k = KueueConfig(topology=COHORT, fair_sharing=True, within_cluster_queue="LowerPriority",
+                    reclaim_within_cohort="Any")
+    r = run(jobs, k)
+    assert r.evictions == [] and r.admit[6] > 5000.0
 
 # -- invariants over a generated trace -----------------------------------------------------------
 

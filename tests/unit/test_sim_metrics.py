@@ -23,6 +23,12 @@ def test_jain_textbook_example() -> None:
     assert jain([1.0, 1.0, 2.0]) == pytest.approx(16 / 18)
 
 
+def test_jain_hides_one_starved_team_of_fifteen() -> None:
+    # fairness-anchors.md: "Jain stays ≈ 0.93 with one of 15 teams fully starved": 14²/(15·14)
+    assert jain([1.0] * 14 + [0.0]) == pytest.approx(14 / 15)
+    assert round(jain([1.0] * 14 + [0.0]), 2) == 0.93
+
+
 def test_jain_empty_and_zero() -> None:
     assert jain([]) == 1.0
     assert jain([0.0, 0.0]) == 1.0
