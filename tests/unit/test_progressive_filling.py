@@ -13,9 +13,10 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controller.config import Settings
 from controller.domain import (
     CPU,
     GPU,
@@ -129,11 +130,13 @@ def test_the_drf_papers_example_weighted(first: str, weights: dict[str, float],
 # * aging at the defaults, every pending Workload created within one level's worth of aging
 #   (FAIRNESS_POINTS / FAIRNESS_LEVELS / AGING_COEFFICIENT = 2,000 s): aging then only orders
 #   Workloads of one level;
-# * RESOURCE_WEIGHTS 1 for every resource (the plane test's setting; DRF weighs none).
+# * every resource the quota covers has a RESOURCE_WEIGHTS entry (the defaults weigh CPU, memory
+#   and GPUs; a covered resource with no weight, e.g. ephemeral-storage, is checked by Kueue
+#   but not compared by the plan). DRF weighs none (the plane test's setting: 1); here they are
+#   1, or 0.5-2 with the oracle's shares weighted alike, or 0 (not compared, as the plan does).
 
 _WEIGHTS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
 _TEAMS = ("team-a", "team-b", "team-c", "team-d")
-_ALL_ONE = {CPU: 1.0, MEMORY: 1.0, GPU: 1.0, GPUCORES: 1.0, GPUMEM_PERCENTAGE: 1.0}
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,12 @@ class Burst:
     admitted: dict[str, int]              # tasks of each team already running
     order: tuple[str, ...]                # creation order: the team of each pending Workload
     step: int                             # seconds between creations (0: all in one second)
+    resource_weights: dict[str, float]     # RESOURCE_WEIGHTS of CPU, memory and GPUs
+
+    def settings(self) -> Settings:
+        gpu = self.resource_weights[GPU]  # (HAMi's GPU dimensions weigh as the GPU)
+        return make_settings(team_weights=self.weights, resource_weights={
+            **self.resource_weights, GPUCORES: gpu, GPUMEM_PERCENTAGE: gpu})
 
     def fit(self, team: str) -> dict[str, Fraction]:
         """What one task takes from the quota (Kueue counts a GPU fraction as a GPU)."""
@@ -197,10 +206,12 @@ def bursts(draw: st.DrawFn) -> Burst:
         order = tuple(draw(st.permutations([t for t in teams for _ in range(pending[t])])))
     else:
         order = tuple(t for t in draw(st.permutations(teams)) for _ in range(pending[t]))
+    resource_weights = {r: draw(st.sampled_from((1.0, 0.5, 2.0, 0.0))) for r in (CPU, MEMORY, GPU)}
     burst = Burst(capacity, tasks, weights, pending, admitted, order,
-                  draw(st.sampled_from((0, 1, 30))))
-    used = burst.used()
-    assume(all(used[r] <= q for r, q in capacity.items()))
+                  draw(st.sampled_from((0, 1, 30))), resource_weights)
+    while any(u > capacity[r] for r, u in burst.used().items()):  # what runs fits the quota
+        most = max(teams, key=lambda t: burst.admitted[t])
+        burst = replace(burst, admitted={**burst.admitted, most: burst.admitted[most] - 1})
     return burst
 
 
@@ -223,10 +234,13 @@ def _plan_and_drf(b: Burst) -> tuple[dict[str, int], set[Alloc], set[Alloc]]:
         demands[w.key] = b.fit(t)
     cq = ClusterQueue("cq", KueueApiVersion.V1BETA2, quotas=tuple(
         ResourceQuota("default", r, Decimal(q)) for r, q in b.capacity.items()))
-    s = make_settings(team_weights=b.weights, resource_weights=_ALL_ONE)
+    s = b.settings()
     plan = compute_plan(snapshot(items, cq=cq, teams=(*b.tasks, "holder")), s, NOW)
     capacity = {r: Fraction(q) for r, q in b.capacity.items()}
     free = {r: q - used[r] for r, q in capacity.items()}
+    # u / C x RESOURCE_WEIGHTS[r] = u / (C / weight); a resource of weight 0 is not compared
+    weighed = {r: q / Fraction(b.resource_weights[r]) for r, q in capacity.items()
+               if b.resource_weights[r]}
     teams = {t: Team(b.fit(t), b.pending[t], Fraction(b.weights[t]),
                      {r: b.admitted[t] * q for r, q in b.counted(t).items()}, b.counted(t))
              for t in b.tasks}
@@ -236,8 +250,8 @@ def _plan_and_drf(b: Burst) -> tuple[dict[str, int], set[Alloc], set[Alloc]]:
         exact = math.pow(2.0, -float(share) * total) * s.fairness_levels
         return -min(s.fairness_levels, math.floor(exact + 1e-9))  # (a higher level first)
 
-    return (admit_in_kueue_order(plan, demands, free), progressive_filling(teams, free, capacity),
-            progressive_filling(teams, free, capacity, by_level))
+    return (admit_in_kueue_order(plan, demands, free), progressive_filling(teams, free, weighed),
+            progressive_filling(teams, free, weighed, by_level))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -257,12 +271,13 @@ def test_shares_of_one_level_go_in_queue_order(first: str) -> None:
     order = (first,) * 6 + (("team-b",) if first == "team-a" else ("team-a",)) * 6
     b = Burst({CPU: 57}, {"team-a": {CPU: "5"}, "team-b": {CPU: "6"}},
               {"team-a": 1.0, "team-b": 1.0}, {"team-a": 6, "team-b": 6},
-              {"team-a": 0, "team-b": 0}, order, 1)
+              {"team-a": 0, "team-b": 0}, order, 1, {CPU: 1.0, MEMORY: 1.0, GPU: 1.0})
     got, exact, at_levels = _plan_and_drf(b)
     assert exact == {(("team-a", 5), ("team-b", 5))}
     assert at_levels == {(("team-a", 5), ("team-b", 5)), (("team-a", 6), ("team-b", 4))}
     assert got == ({"team-a": 6, "team-b": 4} if first == "team-a"
                    else {"team-a": 5, "team-b": 5})
+
 
 # --------------------------------------------------------------------------------------------
 
