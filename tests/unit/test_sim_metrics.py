@@ -101,6 +101,19 @@ def test_run_metrics_waits_slowdown_preemption_and_loss() -> None:
     assert m["same_class_preemptions"] == 0.0
 
 
+def test_themis_finish_time_fairness_against_the_teams_weighted_share_alone() -> None:
+    """Themis (fairness-anchors.md): rho = T_shared / T_isolated, isolated on the team's share
+    of the cluster (1/N, weighted here), a job larger than it time-sliced; the worst team's
+    mean. 8 GPUs, weights 1:1 (4 each): a's 8-GPU job isolated takes 2 x 7200 s and finished
+    after 7800 s; b's 1-GPU job 300 s after 8040 s, its 8-GPU urgent job 2 x 600 s after 600."""
+    from evaluation.metrics import themis_max
+
+    r = _kueue_run()
+    assert themis_max(r, r.jobs, [1.0, 1.0]) == pytest.approx((8040 / 300 + 600 / 1200) / 2)
+    # weights 3:1: b is entitled to 2 GPUs, so its 8-GPU job takes 4 x 600 s alone
+    assert themis_max(r, r.jobs, [3.0, 1.0]) == pytest.approx((8040 / 300 + 600 / 2400) / 2)
+
+
 def test_urgent_time_to_quota_admission_beside_time_to_start() -> None:
     """Kueue reserves quota for an urgent job at once, but its pod waits for a whole free GPU:
     HAMi fractions on every card leave enough quota and no whole card."""
