@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 from typing import Any
 
@@ -9,7 +11,7 @@ import pytest
 
 from controller.live.api import WORKLOADS, ApiError, CountingTransport
 from controller.live.backoff import Backoff
-from controller.live.cache import Gone, Informer, WatchSpec
+from controller.live.cache import Gone, Informer, WatchSpec, slim
 from controller.live.metrics import Metrics
 from tests.support.builders import workload_dict
 from tests.support.fake import FakeApi
@@ -213,3 +215,47 @@ def test_fake_watch_stays_open_until_its_timeout_and_ends_on_close() -> None:
     started = time.monotonic()
     assert list(other) == []
     assert time.monotonic() - started < 5
+
+
+def decoded(text: str) -> Any:
+    """An object as the client hands it over: decoded from its own JSON document."""
+    return json.loads(text)
+
+
+def test_slim_shares_keys_and_short_strings_between_separately_decoded_objects() -> None:
+    text = json.dumps(wl("w0"))
+    a, b = slim(decoded(text), WORKLOADS), slim(decoded(text), WORKLOADS)
+    expected = decoded(text)
+    del expected["metadata"]["managedFields"]
+    assert a == b == expected  # equal content: only the strings' identity changes
+    key_a = next(k for k in a["metadata"] if k == "namespace")
+    key_b = next(k for k in b["metadata"] if k == "namespace")
+    assert key_a is key_b
+    assert a["spec"]["queueName"] is b["spec"]["queueName"]
+    assert a["kind"] is b["kind"]
+    # Separately decoded documents share nothing without slim.
+    c, d = decoded(text), decoded(text)
+    assert c["spec"]["queueName"] is not d["spec"]["queueName"]
+
+
+def test_slim_keeps_long_strings_as_they_came() -> None:
+    obj = wl("w0")
+    obj["metadata"].setdefault("annotations", {})["note"] = "x" * 200
+    text = json.dumps(obj)
+    a, b = slim(decoded(text), WORKLOADS), slim(decoded(text), WORKLOADS)
+    assert a["metadata"]["annotations"]["note"] == "x" * 200
+    assert a["metadata"]["annotations"]["note"] is not b["metadata"]["annotations"]["note"]
+
+
+def test_slim_keeps_an_object_nested_deeper_than_the_recursion_limit() -> None:
+    obj = wl("w0")
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(sys.getrecursionlimit() + 100):
+        inner["a"] = {}
+        inner = inner["a"]
+    obj["spec"]["deep"] = deep
+    out = slim(obj, WORKLOADS)
+    assert out is obj  # cached as it came
+    assert "managedFields" not in out["metadata"]
+    assert out["spec"]["deep"] is deep
