@@ -63,27 +63,42 @@ AGENT = "wdrf-controller"
 SIZES = (("small", 50, 1, 20), ("medium", 100, 5, 7), ("large", 200, 20, 3))
 
 
+def cluster_queue_name(i: int) -> str:
+    return f"cq-{i:04d}"
+
+
+def cluster_queue_body(i: int, queues: int, cohorts: int, quota: int) -> dict[str, Any]:
+    """The i-th ClusterQueue of `queues` in `cohorts` cohorts."""
+    per_cohort = max(1, queues // cohorts)
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+        "metadata": {"name": cluster_queue_name(i)},
+        "spec": {
+            "namespaceSelector": {}, "cohortName": f"cohort-{i // per_cohort:02d}",
+            "preemption": {"reclaimWithinCohort": "Any",
+                           "withinClusterQueue": "LowerPriority"},
+            "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [{
+                "name": "default", "resources": [
+                    {"name": "cpu", "nominalQuota": str(quota),
+                     "borrowingLimit": str(5 * quota)}]}]}],
+        }}
+
+
+def local_queue_of(i: int, namespaces: list[str]) -> tuple[str, str]:
+    """(namespace, name) of the i-th ClusterQueue's LocalQueue."""
+    return namespaces[i % len(namespaces)], f"lq-{i // len(namespaces)}"
+
+
 def setup_queues(api: Any, queues: int, cohorts: int, namespaces: list[str],
                  quota: int) -> list[str]:
     kube.create_resource_flavor(api, "default")
-    per_cohort = max(1, queues // cohorts)
-    names = [f"cq-{i:04d}" for i in range(queues)]
+    names = [cluster_queue_name(i) for i in range(queues)]
 
     def make(i: int) -> None:
-        kube.request(api, "POST", kube.kueue_path("clusterqueues"), {
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
-            "metadata": {"name": names[i]},
-            "spec": {
-                "namespaceSelector": {}, "cohortName": f"cohort-{i // per_cohort:02d}",
-                "preemption": {"reclaimWithinCohort": "Any",
-                               "withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [{
-                    "name": "default", "resources": [
-                        {"name": "cpu", "nominalQuota": str(quota),
-                         "borrowingLimit": str(5 * quota)}]}]}],
-            }})
-        ns = namespaces[i % len(namespaces)]
-        kube.create_local_queue(api, ns, f"lq-{i // len(namespaces)}", names[i])
+        kube.request(api, "POST", kube.kueue_path("clusterqueues"),
+                     cluster_queue_body(i, queues, cohorts, quota))
+        ns, lq = local_queue_of(i, namespaces)
+        kube.create_local_queue(api, ns, lq, names[i])
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(make, range(queues)))
@@ -96,7 +111,7 @@ def workload_bodies(n: int, queues: int, namespaces: list[str]) -> list[dict[str
     out = []
     for i in range(n):
         q = i % queues
-        ns, lq = namespaces[q % len(namespaces)], f"lq-{q // len(namespaces)}"
+        ns, lq = local_queue_of(q, namespaces)
         _, value, cpu, _ = rng.choices(SIZES, weights)[0]
         roll = rng.random()
         ann = {URGENT_ANNOTATION: "true"} if roll < 0.05 else (
