@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -311,8 +312,9 @@ def terms_of(obj: Mapping[str, Any]) -> Terms:
 
 
 def pointer(*parts: str) -> str:
-    """A JSON pointer (RFC 6901) from raw path segments."""
-    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
+    """A JSON pointer (RFC 6901) from raw path segments. Interned: a cycle's patches name the
+    same few paths tens of thousands of times (every deferred change is held until written)."""
+    return sys.intern("".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts))
 
 
 def uid_test(obj: Mapping[str, Any]) -> Ops:

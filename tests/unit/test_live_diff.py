@@ -298,6 +298,17 @@ def test_pointer_escapes_slashes_and_tildes() -> None:
     assert pointer("metadata", "annotations", "a/b~c") == "/metadata/annotations/a~1b~0c"
 
 
+def test_patches_of_different_workloads_share_their_path_strings() -> None:
+    """Every deferred change is held until written: equal paths are one string."""
+    a = diff_priority(decision(), workload(), WORKLOADS, PriorityMode.SPEC)
+    b = diff_priority(decision(), copy.deepcopy(workload()), WORKLOADS, PriorityMode.SPEC)
+    assert a is not None and b is not None and a.body == b.body
+    for op_a, op_b in zip(a.body, b.body, strict=True):
+        assert op_a["path"] is op_b["path"]
+    key = "wdrf.x-k8s.io/" + "base-priority"  # built at run time: not a shared constant
+    assert pointer("metadata", "annotations", key) is pointer("metadata", "annotations", key)
+
+
 # -- HAMi ---------------------------------------------------------------------------------------
 
 HAMI = HamiDecision(node_policy="binpack", gpu_policy="spread", gpucores=30, gpumem_percentage=25)
