@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields, replace
 
+import pytest
 import yaml
 
 from controller.config import Settings
@@ -14,7 +15,7 @@ from controller.domain import (
     URGENT_ANNOTATION,
 )
 from controller.policy import compute_plan
-from controller.render import _amount, breakdown_dict, explain, plan_dict, render
+from controller.render import _amount, breakdown_dict, explain, json_text, plan_dict, render
 from tests.support.builders import NOW, snapshot, wl
 
 
@@ -129,3 +130,14 @@ def test_empty_plan_renders() -> None:
     plan = compute_plan(snapshot([]), Settings(), NOW)
     assert "(no pending workloads)" in render(plan, "table", Settings())
     assert json.loads(render(plan, "json"))["decisions"] == []
+
+
+def test_json_is_the_text_json_dumps_gives() -> None:
+    """Written piece by piece (memory), the same text as `json.dumps` to the byte."""
+    plan = _plan()
+    assert render(plan, "json") == json.dumps(plan_dict(plan), indent=2, allow_nan=False)
+    doc = {"b": [1, 2.5, None, True, {"é": "ü", "n": []}], "a": NOW, "e": {}}
+    assert json_text(doc, default=str) == json.dumps(doc, indent=2, allow_nan=False,
+                                                     default=str)
+    with pytest.raises(ValueError):
+        json_text({"x": float("nan")})
