@@ -219,7 +219,7 @@ class Meter:
         self.base_traced = tracemalloc.get_traced_memory()[0] if trace else 0
 
     def start_stage(self) -> None:
-        gc.collect()
+        # No collection here: between cycles the controller's own `Collector` runs, as live.
         if self.trace:
             tracemalloc.reset_peak()
 
@@ -228,7 +228,6 @@ class Meter:
         line = (f"{stage:<24} RSS {(rss - self.base_rss) / 1024:5.0f} MiB, peak "
                 f"{(hwm - self.base_rss) / 1024:5.0f} MiB")
         if self.trace:
-            gc.collect()
             current, peak = tracemalloc.get_traced_memory()
             line += (f"; traced {(current - self.base_traced) / 2**20:5.0f} MiB, peak "
                      f"{(peak - self.base_traced) / 2**20:5.0f} MiB")
