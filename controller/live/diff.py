@@ -32,6 +32,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from controller.domain import GPU, GPUCORES, GPUMEM_PERCENTAGE, ObjectRef
@@ -81,11 +82,19 @@ class Change:
     resource: Resource
     what: What
     content_type: str
-    body: Any
+    # The request body, or a function of no arguments that builds it again (`body`): a
+    # priority patch is built when it is sent, since all but WRITE_BUDGET of a cold start's
+    # changes wait for a later cycle (their patches were about 2 KB each, 100 MiB at 50,000).
+    patch: Any
     summary: str  # human text for the log and the success Event
     decision: WorkloadDecision
     mode: PriorityMode | None = None
     old_terms: str | None = None  # the terms annotation before this write (priority only)
+
+    @property
+    def body(self) -> Any:
+        """The request body."""
+        return self.patch() if callable(self.patch) else self.patch
 
     @property
     def namespace(self) -> str:
@@ -144,8 +153,19 @@ def diff_priority(
     patch = priority_patch(workload, mode, target)
     if patch is None:
         return None
-    return Change(ref_of(workload, resource), resource, PRIORITY, JSON_PATCH, patch.ops,
-                  patch.summary, decision, mode, patch.old_terms)
+    return Change(ref_of(workload, resource), resource, PRIORITY, JSON_PATCH,
+                  partial(_priority_ops, workload, mode, target), patch.summary, decision,
+                  mode, patch.old_terms)
+
+
+def _priority_ops(workload: Mapping[str, Any], mode: PriorityMode,
+                  target: PriorityTarget) -> list[JSON]:
+    """The ops of `priority_patch` again (a pure function of the object as read, which the
+    cache replaces and never changes)."""
+    patch = priority_patch(workload, mode, target)
+    if patch is None:  # cannot be: the same inputs gave a patch when the change was made
+        raise ValueError("a priority patch could not be built again from the same inputs")
+    return patch.ops
 
 
 # -- HAMi on the owner Job ----------------------------------------------------------------

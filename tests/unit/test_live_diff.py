@@ -36,6 +36,7 @@ from controller.live.diff import (
     redo,
 )
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
+from controller.workload import PriorityTarget, priority_patch
 from tests.support.fake import json_patch, merge_patch, strategic_merge_patch
 
 
@@ -296,6 +297,19 @@ def test_auto_mode_must_be_resolved() -> None:
 
 def test_pointer_escapes_slashes_and_tildes() -> None:
     assert pointer("metadata", "annotations", "a/b~c") == "/metadata/annotations/a~1b~0c"
+
+
+def test_a_priority_change_builds_its_patch_when_asked() -> None:
+    """All but WRITE_BUDGET of a cold start's changes wait: none holds its patch, and the
+    body built when sent is the patch of the object as read."""
+    obj = workload()
+    c = diff_priority(decision(), obj, WORKLOADS, PriorityMode.SPEC)
+    assert c is not None and callable(c.patch)
+    target = PriorityTarget(decision().base_priority, decision().target_priority,
+                            decision().target_boost, decision().terms, pending=True)
+    expected = priority_patch(obj, PriorityMode.SPEC, target)
+    assert expected is not None and c.body == expected.ops and c.body is not c.body
+    assert (c.summary, c.old_terms) == (expected.summary, expected.old_terms)
 
 
 def test_patches_of_different_workloads_share_their_path_strings() -> None:
