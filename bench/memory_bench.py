@@ -19,7 +19,8 @@ Reported after the informers' sync and after every cycle: the process's RSS and 
 (VmHWM) less its RSS before the controller was built. That baseline is the interpreter, the
 imports and the fake API with every object, set up so that it leaves no free memory behind;
 the difference is the controller's own (the fake's copies of the written objects aside, a few
-MiB). A live process has the interpreter and the kubernetes client on top (about 50 MiB).
+MiB). A live process has the interpreter and the kubernetes client on top (52 MiB once
+imported).
 * `--breakdown`: after the cycles, what the controller holds by component (sizes reached from
   each, counted once) and what a cycle builds on top (plan, diff).
 * `--trace`: tracemalloc from the controller's start (the fake's objects, made before, are not
