@@ -443,10 +443,11 @@ def cluster_capacity(pools: Mapping[str, Vector]) -> Vector:
 
 def team_share(
     team: str, usage: Mapping[str, float], cap: Mapping[str, float], settings: PolicySettings,
-    pool: str = "",
+    pool: str = "", exact_cap: Mapping[str, Decimal] | None = None,
 ) -> TeamShare:
     """Weighted dominant share: max over dimensions of usage/capacity x resource weight,
-    divided by the team's weight. Dimensions with no capacity or weight are not compared."""
+    divided by the team's weight. Dimensions with no capacity or weight are not compared.
+    `exact_cap`: `exact_capacity(cap)`, when the caller has it (one per pool)."""
     tw = team_weight(team, settings)
     shares: dict[str, float] = {}
     dominant: str | None = None
@@ -464,12 +465,17 @@ def team_share(
     return TeamShare(
         team=team,
         usage=frozen_resources({k: _exact(v) for k, v in sorted(usage.items())}),
-        capacity=frozen_resources({k: _exact(v) for k, v in sorted(cap.items())}),
+        capacity=exact_capacity(cap) if exact_cap is None else exact_cap,
         shares=MappingProxyType(shares),
         dominant_resource=dominant,
         dominant_share=best,
         pool=pool,
     )
+
+
+def exact_capacity(cap: Mapping[str, float]) -> Mapping[str, Decimal]:
+    """A pool's capacity as `TeamShare.capacity` holds it."""
+    return frozen_resources({k: _exact(v) for k, v in sorted(cap.items())})
 
 
 def active_weights(

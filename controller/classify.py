@@ -38,7 +38,8 @@ _UNSIGNED = re.compile(r"^[0-9]{1,10}$")
 _SIGNED = re.compile(r"^-?[0-9]{1,10}$")
 _CLASS_KEYS = (URGENT_ANNOTATION, APPROVED_ANNOTATION)
 _OF_PRIORITY_CLASS = attrgetter("workload_priority_class")
-_POLICY_KEYS = frozenset({
+# The annotations `classify` reads (on a Workload and its owner).
+POLICY_KEYS = frozenset({
     URGENT_ANNOTATION, APPROVED_ANNOTATION, PRIORITY_OVERRIDE_ANNOTATION,
     BASE_PRIORITY_ANNOTATION, KUEUE_PRIORITY_BOOST_ANNOTATION,
 })
@@ -219,8 +220,8 @@ class Classified:
 
 def classify(workload: Workload, job: Owner | None) -> Classified:
     ann = workload.annotations
-    if (not ann or ann.keys().isdisjoint(_POLICY_KEYS)) and (
-        job is None or not job.annotations or job.annotations.keys().isdisjoint(_POLICY_KEYS)
+    if (not ann or ann.keys().isdisjoint(POLICY_KEYS)) and (
+        job is None or not job.annotations or job.annotations.keys().isdisjoint(POLICY_KEYS)
     ):  # hot path: nothing to read, all defaults
         base = workload.priority or 0
         return Classified(PriorityClass.NORMAL, None, base, ranked_base(workload, base), None,

@@ -124,8 +124,9 @@ def decide_hami(
 ) -> tuple[HamiDecision | None, list[InputProblem]]:
     """The HAMi decision for one pending workload, or None when it asks for no GPU.
 
-    `cache` (one dict per plan) shares decisions between workloads that mention no HAMi
-    annotation anywhere: theirs depend only on class, queues and fractional-ness."""
+    `cache` (one dict per plan, for one settings) shares decisions between workloads that
+    mention no HAMi annotation anywhere: theirs depend only on the rules that match their
+    class, queues and fractional-ness."""
     problems: list[InputProblem] = []
     wants_gpu, fractional = gpu_summary(workload.pod_sets, card_memory_mib)
     node: str | None = None
@@ -147,10 +148,22 @@ def decide_hami(
             return cache[key], problems
     if problems or not wants_gpu:
         return None, problems
+    if key is not None and cache is not None:
+        # The rules alone decide (nothing mentioned): Workloads that match the same rules
+        # get the same decision, and the same changes (none of theirs is annotated).
+        cls_name = priority_class.value
+        matched = ("rules", *(i for i, rule in enumerate(settings.hami_rules) if rule.matches(
+            cls_name, workload.queue_name, cluster_queue, fractional)))
+        if matched in cache:
+            decision = cache[matched]
+        else:
+            decision = cache[matched] = _by_rules(
+                workload, job, priority_class, cluster_queue, settings, fractional, node, gpu,
+                cores, mem, reasons)
+        cache[key] = decision
+        return decision, problems
     decision = _by_rules(workload, job, priority_class, cluster_queue, settings, fractional,
                          node, gpu, cores, mem, reasons)
-    if key is not None and cache is not None:
-        cache[key] = decision
     return decision, problems
 
 
@@ -196,7 +209,7 @@ def _by_rules(
 
 def _mentions(workload: Workload, job: JobInfo | None) -> bool:
     """Whether any annotation read by steps 1-2 (or the fraction) is present anywhere."""
-    keys = _READ_KEYS
+    keys = HAMI_KEYS
     a = workload.annotations
     if a and not a.keys().isdisjoint(keys):
         return True
@@ -211,7 +224,9 @@ def _mentions(workload: Workload, job: JobInfo | None) -> bool:
     )
 
 
-_READ_KEYS = frozenset({
+# The annotations `decide_hami` reads (on a Workload, its pod sets, its owner Job and its
+# template) besides the pod resources.
+HAMI_KEYS = frozenset({
     HAMI_NODE_POLICY_ANNOTATION, HAMI_GPU_POLICY_ANNOTATION, SCHEDULING_POLICY_ANNOTATION,
     GPU_FRACTION_ANNOTATION,
 })

@@ -21,10 +21,12 @@ Admitted: the class guard (`PolicySettings.guard`), above every pending Workload
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
+from decimal import Decimal
 from itertools import compress, repeat
 from operator import attrgetter, is_not, itemgetter, ne, not_
 from types import MappingProxyType
@@ -40,8 +42,10 @@ from controller.accounting import (
     card_memory,
     cluster_capacity,
     demand_dimensions,
+    exact_capacity,
     fairness_level,
     gpu_inventory,
+    gpu_summary,
     level_points,
     pending_demand,
     pool_capacities,
@@ -55,6 +59,7 @@ from controller.accounting import (
     weighted_share,
 )
 from controller.classify import (
+    POLICY_KEYS,
     Classified,
     StandIns,
     clamp_int32,
@@ -74,6 +79,7 @@ from controller.domain import (
     JobInfo,
     LocalQueue,
     OwnerInfo,
+    PodSet,
     PriorityClass,
     TeamSource,
     Workload,
@@ -81,7 +87,6 @@ from controller.domain import (
     fast_init,
 )
 from controller.encoding import (
-    aging_term,
     base_term,
     exposed_terms,
     guard_terms,
@@ -91,7 +96,7 @@ from controller.encoding import (
     reference,
     requeue_mode,
 )
-from controller.hami import check_fraction, decide_hami
+from controller.hami import HAMI_KEYS, check_fraction, decide_hami
 from controller.plan import (
     EXPOSED_STATE,
     Exposure,
@@ -289,6 +294,8 @@ def _previous(w: Workload, pool: str, team: str, levels: int) -> tuple[int | Non
 
 _WORKLOAD, _QUOTA_RESERVED = attrgetter("workload"), attrgetter("quota_reserved")
 _POOL, _TEAM = attrgetter("pool"), attrgetter("team")
+_CLUSTER_QUEUE = attrgetter("cluster_queue")
+_pow, _floor = math.pow, math.floor
 
 
 class _NoMember:
@@ -312,22 +319,32 @@ def _members(
     members = memo.members.read((settings.team_source, settings.team_label_key,
                                  settings.team_namespaces)) if memo is not None else None
 
+    # (plain dicts' bound lookups: the hot loop reads each Workload once)
+    lq_get, pool_get = dict(g.lq_to_cq).get, pool_by_cq.get
+    by_namespace = settings.team_source is TeamSource.NAMESPACE
+    team_get = dict(settings.team_namespaces).get
+
     def member_of(w: Workload) -> Member | None:
         if w.quota_reserved:
-            cq = w.admission.cluster_queue if w.admission else g.lq_to_cq.get(
-                (w.namespace, w.queue_name))
+            adm = w.admission
+            cq = adm.cluster_queue if adm else lq_get((w.namespace, w.queue_name))
         elif w.active:
-            cq = g.lq_to_cq.get((w.namespace, w.queue_name))
+            cq = lq_get((w.namespace, w.queue_name))
         else:
             return None  # deactivated and pending: not competing, not "present"
-        pool = pool_by_cq.get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
+        pool = pool_get(cq, UNKNOWN_POOL) if cq else UNKNOWN_POOL
         job = owner_of(w, g) if w.owner is not None else None
-        member = members.get(id(w)) if members else None
-        if member is None or member.workload is not w or member.job is not job \
-                or member.cluster_queue != cq or member.pool != pool:
+        if members:
+            member = members.get(id(w))
+            if member is not None and member.workload is w and member.job is job \
+                    and member.cluster_queue == cq and member.pool == pool:
+                return member
+        if by_namespace:  # (`team_of`, inline)
+            ns = w.namespace
+            team = team_get(ns, ns)
+        else:
             team = team_of(w, settings, job.labels if (by_label and job) else None)
-            member = Member(w, job, team, cq, pool)
-        return member
+        return Member(w, job, team, cq, pool)
 
     workloads = g.workloads
     context = (g.lq_to_cq, pool_by_cq, g.jobs, g.owners)
@@ -413,6 +430,19 @@ class _Accounted:
     slots: list[int]
 
 
+def _admitted_shape(w: Workload) -> tuple[object, ...] | None:
+    """What `admitted_usage` of a Workload of one pod set of one container, admitted without
+    pod set assignments, depends on: its shape (`_shape`) and its admission's usage and
+    flavors (None for any other: read each time)."""
+    adm = w.admission
+    if adm is None or adm.pod_sets:
+        return None
+    shape = _shape(w)
+    if shape is None:
+        return None
+    return (shape, *adm.usage.items(), None, *adm.flavors.items())
+
+
 def account(
     g: Gathered, snapshot: ClusterSnapshot, settings: PolicySettings, now: datetime,
     history: UsageHistory | None, memo: PlanMemo | None = None,
@@ -427,12 +457,21 @@ def account(
     used: dict[int, tuple[Workload, float | None, Vector]] = {}
     pending, admitted, present, seen = _members(g, settings, pool_by_cq, memo)
     current: dict[PoolTeam, Vector] = {}
+    # Admitted usage of Workloads alike (`_admitted_shape`), computed once: read-only.
+    alike: dict[tuple[object, ...], Vector] = {}
     for member in admitted:
         w = member.workload
         acc_vec = current.setdefault((member.pool, member.team), {})
         held = known.get(id(w)) if known else None
         if held is None or held[0] is not w or held[1] != card_mib:
-            held = (w, card_mib, admitted_usage(w, card_mib))
+            shape = _admitted_shape(w)
+            if shape is None:
+                held = (w, card_mib, admitted_usage(w, card_mib))
+            else:
+                vec = alike.get(shape)
+                if vec is None:
+                    vec = alike[shape] = admitted_usage(w, card_mib)
+                held = (w, card_mib, vec)
         if memo is not None:
             used[id(w)] = held
         for dim, q in held[2].items():
@@ -461,6 +500,7 @@ def account(
     # A share is kept while the team's usage and the pool's capacity are equal (same settings).
     known_shares = memo.shares.read(settings) if memo is not None else None
     kept_shares: dict[PoolTeam, tuple[Mapping[str, float], Vector, TeamShare]] = {}
+    exact_caps: dict[str, Mapping[str, Decimal]] = {}  # per pool, made once
     for pt in sorted(set(usage) | present):
         cap = pool_caps.setdefault(pt[0], capacities.get(pt[0]) or whole)
         mine_now = usage.get(pt, {})
@@ -469,7 +509,10 @@ def account(
             kept_shares[pt] = old
             shares_raw[pt] = old[2]
             continue
-        shares_raw[pt] = team_share(pt[1], mine_now, cap, settings, pt[0])
+        exact = exact_caps.get(pt[0])
+        if exact is None:
+            exact = exact_caps[pt[0]] = exact_capacity(cap)
+        shares_raw[pt] = team_share(pt[1], mine_now, cap, settings, pt[0], exact)
         if memo is not None:
             kept_shares[pt] = (dict(mine_now), dict(cap), shares_raw[pt])
     if memo is not None:
@@ -482,8 +525,10 @@ def account(
     for pt, ts in shares_raw.items():
         total = active.get(pt[0], 0.0)
         level = fairness_level(ts.dominant_share, total, settings)
-        shares[pt] = replace(ts, level=level, fairness_term=level_points(level, settings),
-                             usage_over_entitlement=ts.dominant_share * total)
+        # (`replace(ts, level=..., fairness_term=..., usage_over_entitlement=...)`, positional)
+        shares[pt] = TeamShare(ts.team, ts.usage, ts.capacity, ts.shares, ts.dominant_resource,
+                               ts.dominant_share, ts.pool, level, level_points(level, settings),
+                               ts.dominant_share * total)
     return Accounts(
         pending=tuple(pending),
         admitted=tuple(admitted),
@@ -563,28 +608,57 @@ def _team_order_key(s: Scored) -> tuple[int, datetime, int, str]:
     return (_CLASS_RANK[s.classified.priority_class], s.since, -s.target, s.member.workload.uid)
 
 
-def _shape_key(w: Workload, pool: str) -> tuple[object, ...] | None:
-    """What a one-pod-set, one-container Workload's demand in a pool depends on (None for any
-    other shape: read each time). Equal Decimals are the same number: the same floats, whatever
-    their spelling."""
-    if len(w.pod_sets) == 1 and len(w.pod_sets[0].containers) == 1:
-        ps = w.pod_sets[0]
-        return (pool, ps.count, *ps.containers[0].resources.items())
+def _shape(w: Workload) -> tuple[object, ...] | None:
+    """What reading a one-pod-set, one-container Workload's resources depends on: the count
+    and the container's resources (None for any other shape: read each time). Equal Decimals
+    are the same number: the same floats and the same checks, whatever their spelling."""
+    pod_sets = w.pod_sets
+    if len(pod_sets) == 1:
+        ps = pod_sets[0]
+        if len(ps.containers) == 1:
+            return (ps.count, *ps.containers[0].resources.items())
     return None
+
+
+# The annotations `classify` and `decide_hami` read on a Workload or its owner.
+_READ_KEYS = POLICY_KEYS | HAMI_KEYS
+
+
+def _quiet_owner(job: JobInfo | OwnerInfo) -> bool:
+    """Whether a Workload's owner has none of the annotations `classify` and `decide_hami`
+    read (HAMi reads batch/v1 Jobs only, their template too)."""
+    if job.annotations and not job.annotations.keys().isdisjoint(_READ_KEYS):
+        return False
+    tmpl = job.template_annotations if isinstance(job, JobInfo) else None
+    return not tmpl or tmpl.keys().isdisjoint(HAMI_KEYS)
+
+
+def _quiet_pod_set(ps: PodSet) -> bool:
+    """Whether a pod set's template has none of the annotations `decide_hami` reads."""
+    return not ps.annotations or ps.annotations.keys().isdisjoint(HAMI_KEYS)
+
+
+# What a shape's resources say, the same for every Workload of the shape (`_Demands.facts`):
+# (no resource problem, asks for a GPU, some container takes less than whole GPUs).
+_Facts = tuple[bool, bool, bool]
 
 
 class _Demands:
     """Pending demands in each pool's dimensions (one flavor map per pool). Workloads of one
-    shape (one pod set of one container, the same count and resources: the Jobs of one
-    template) share one vector per pool, computed once: read-only."""
+    shape (`_shape`: one pod set of one container, the same count and resources: the Jobs of
+    one template) share one vector per pool, and their resource checks, computed once:
+    read-only."""
 
     def __init__(self, acc: Accounts, settings: PolicySettings | None = None) -> None:
         self._acc = acc
+        self._settings = settings
         self._weights = settings.resource_weights if settings is not None else {}
         self._single: dict[str, dict[str, str]] = {}
-        self._shapes: dict[tuple[object, ...], Vector] = {}
-        self._scaled: dict[tuple[object, ...], tuple[Vector, _Scaled]] = {}
+        # per pool, per shape
+        self._shapes: dict[str, dict[tuple[object, ...], Vector]] = {}
+        self._scaled: dict[str, dict[tuple[object, ...], tuple[Vector, _Scaled]]] = {}
         self._scales: dict[str, dict[str, tuple[float, float]]] = {}
+        self._facts: dict[tuple[object, ...], _Facts] = {}
 
     def single(self, pool: str) -> dict[str, str]:
         found = self._single.get(pool)
@@ -592,27 +666,42 @@ class _Demands:
             found = self._single[pool] = demand_dimensions(self._acc.capacity.get(pool, {}))
         return found
 
+    def facts(self, w: Workload, shape: tuple[object, ...]) -> _Facts:
+        """For `w` of `shape`: whether `resource_problems` finds nothing, and `gpu_summary`.
+        Needs the settings."""
+        found = self._facts.get(shape)
+        if found is None:
+            assert self._settings is not None
+            found = self._facts[shape] = (not resource_problems(w, self._settings),
+                                          *gpu_summary(w.pod_sets, self._acc.card_mib))
+        return found
+
     def of(self, w: Workload, pool: str) -> Vector:
-        key = _shape_key(w, pool)
-        if key is not None:
-            found = self._shapes.get(key)
+        shape = _shape(w)
+        if shape is not None:
+            found = self._shapes.setdefault(pool, {}).get(shape)
             if found is not None:
                 return found
         single = self.single(pool)
         demand = pending_demand(w, self._acc.card_mib)
         if single:
             demand = {single.get(d, d): q for d, q in demand.items()}
-        if key is not None:
-            self._shapes[key] = demand
+        if shape is not None:
+            self._shapes[pool][shape] = demand
         return demand
 
-    def scaled(self, w: Workload, pool: str) -> tuple[Vector, _Scaled]:
+    def scaled(self, w: Workload, pool: str,
+               shape: tuple[object, ...] | None = None) -> tuple[Vector, _Scaled]:
         """`of`, with per dimension (dimension, quantity, the pool's capacity, the resource's
         weight) - capacity 0.0 where the dimension has no capacity or no weight (the share
-        ignores it). Needs the settings."""
-        key = _shape_key(w, pool)
-        if key is not None:
-            found = self._scaled.get(key)
+        ignores it). Needs the settings. `shape`: `_shape(w)`, when known."""
+        if shape is None:
+            shape = _shape(w)
+        if shape is not None:
+            mine = self._scaled.get(pool)
+            if mine is None:
+                mine = self._scaled[pool] = {}
+            found = mine.get(shape)
             if found is not None:
                 return found
         demand = self.of(w, pool)
@@ -628,8 +717,8 @@ class _Demands:
                 scale = scales[dim] = (cd, rw) if cd > 0 and rw > 0 else (0.0, 0.0)
             items.append((dim, q, *scale))
         out = (demand, tuple(items))
-        if key is not None:
-            self._scaled[key] = out
+        if shape is not None:
+            self._scaled[pool][shape] = out
         return out
 
 
@@ -661,6 +750,9 @@ def score_pending(
     # A demand read with the rest of its Workload (its objects are at hand), for its team's
     # scoring.
     early: dict[int, tuple[Vector, _Scaled]] = {}
+    # `classify` of a Workload with no annotation it reads, by (base, stand-in fields).
+    defaults: dict[tuple[object, ...], Classified] = {}
+    quota_check = snapshot.quota_check
 
     def read(i: int, m: Member) -> _WorkloadMemo:
         """The Workload's fields before its team is scored, the memo's while they hold."""
@@ -672,6 +764,34 @@ def score_pending(
         if found is not None and found[0].workload is w and found[0].job is job \
                 and found[1] == (parse_problems, m.cluster_queue, held_by):
             return found if found[0] is m else (m, *found[1:])
+        shape = _shape(w)
+        ann = w.annotations
+        if shape is not None and not parse_problems \
+                and (not ann or ann.keys().isdisjoint(_READ_KEYS)) \
+                and (job is None or _quiet_owner(job)) and _quiet_pod_set(w.pod_sets[0]):
+            # Nothing is read of it but its priority, priority class, queues and shape:
+            # `classify`'s defaults, its shape's resource checks and HAMi's rules alone
+            # (`decide_hami`'s cache), shared with every Workload alike.
+            clean, wants_gpu, fractional = demands.facts(w, shape)
+            if clean:
+                base = w.priority or 0
+                ckey = (base, w.workload_priority_class, w.priority_class_name)
+                c = defaults.get(ckey)
+                if c is None:
+                    c = defaults[ckey] = classify(w, job)
+                hami: HamiDecision | None = None
+                if wants_gpu:
+                    hkey = (PriorityClass.NORMAL, w.queue_name, m.cluster_queue, fractional)
+                    if hkey in hami_cache:
+                        hami = hami_cache[hkey]
+                    else:
+                        hami = decide_hami(w, job if isinstance(job, JobInfo) else None,
+                                           PriorityClass.NORMAL, m.cluster_queue, settings,
+                                           acc.card_mib, hami_cache)[0]
+                    hami = check_fraction(hami, held_by, quota_check)
+                early[i] = demands.scaled(w, m.pool, shape)
+                return (m, (parse_problems, m.cluster_queue, held_by),
+                        (c, (), hami, queued_since(w, mode), base, 0, None, ""), True)
         c = classify(w, job)
         problems: list[InputProblem] = [*parse_problems, *c.problems]
         blocking = c.blocking or bool(parse_problems)
@@ -681,13 +801,13 @@ def score_pending(
         hami, p = decide_hami(w, job if isinstance(job, JobInfo) else None,
                               c.priority_class, m.cluster_queue, settings, acc.card_mib,
                               hami_cache)
-        hami = check_fraction(hami, held_by, snapshot.quota_check)
+        hami = check_fraction(hami, held_by, quota_check)
         # A bad scheduling hint is reported and ignored (no HAMi write); it never freezes
         # the priority: the class still follows the annotations (a withdrawn approval
         # lowers it).
         problems += p
         if not blocking:
-            early[i] = demands.scaled(w, m.pool)
+            early[i] = demands.scaled(w, m.pool, shape)
         return (m, (parse_problems, m.cluster_queue, held_by),
                 (c, tuple(problems), hami, queued_since(w, mode), kueue_priority(w, c),
                  c.current_boost or 0, None, ""), not blocking)
@@ -910,6 +1030,11 @@ def _score_team(
                       if s.classified.priority_class is PriorityClass.NORMAL), default=None)
     ceiling = levels  # levels never rise along the team's order
     points, base_terms = classes.points, classes.base_terms
+    # `fairness_level` and `aging_term` inline (the same operations in the same order)
+    weights_total = max(total, 1e-12)
+    hysteresis = settings.fairness_hysteresis
+    period, coefficient = settings.rebase_period, settings.aging_coefficient
+    aging_top, aging_cap = ref_ts + period, settings.max_aging_time + period
     for s in queue:
         c = s.classified
         w = s.member.workload
@@ -926,8 +1051,17 @@ def _score_team(
         else:
             previous, taken = None, ""
         # Levels are never below 0: once the ceiling is 0, so is every level after it.
-        level = min(ceiling, fairness_level(before, total, settings, previous)) if ceiling \
-            else 0
+        if ceiling:
+            exponent = max(before, 0.0) * weights_total
+            exact = (0.0 if exponent > 1e4 else _pow(2.0, -exponent)) * levels
+            level = min(levels, _floor(exact + 1e-9))
+            if previous is not None and not before <= 0 and 0 <= previous <= levels \
+                    and previous - hysteresis <= exact < previous + 1 + hysteresis:
+                level = previous
+            if level > ceiling:
+                level = ceiling
+        else:
+            level = 0
         ceiling = level
         fairness = points[level]
         cls = c.priority_class
@@ -936,7 +1070,12 @@ def _score_team(
         if team_scope and cls is PriorityClass.APPROVED and head_since is not None \
                 and head_since < since:
             credited = shared = head_since
-        aging = aging_term(credited.timestamp(), ref_ts, settings)
+        x = aging_top - credited.timestamp()
+        if x < 0.0:
+            x = 0.0
+        if x > aging_cap:
+            x = aging_cap
+        aging = _floor(coefficient * x + 1e-9)
         ranked = c.ranked
         bterm = base_terms.get(ranked)
         if bterm is None:
@@ -1159,7 +1298,10 @@ def pending_threats(scored: Iterable[Scored], queues: Mapping[str, ClusterQueue]
         if found is None:
             found = reach[cq] = _reach(queues.get(cq) if cq else None)
         within, across = found
-        value = threat_value(s)
+        # (`threat_value`, its common case inline)
+        w = m.workload
+        current = (w.priority or 0) + (c.current_boost or 0)
+        value = s.target if current <= s.target else threat_value(s)
         if within and cq is not None:
             key = ("cq", cq, c.priority_class)
             if value > out.get(key, floor):
@@ -1630,7 +1772,18 @@ def order(scored: list[Scored], memo: PlanMemo | None = None) -> list[WorkloadDe
     # once made) at the same rank.
     decisions = ordered.decisions
     for i in compress(range(len(ranks)), map(ne, ranks, ordered.ranks)):
-        decisions[i] = _decision(scored[i], ranks[i])
+        s = scored[i]
+        b = s.breakdown
+        if b is None:
+            decisions[i] = _decision(s, ranks[i])
+            continue
+        m, c = s.member, s.classified
+        w = m.workload
+        # (`_decision`, inline; positional: the fields in order, as `WorkloadDecision`
+        # declares them)
+        decisions[i] = WorkloadDecision(
+            w.key, w.uid, m.cluster_queue, m.team, ranks[i], c.base, w.priority,
+            c.current_boost, s.boost, s.target, b, s.hami, s.problems, False, False, s.terms)
     ordered.ranks = ranks
     return decisions.copy()  # type: ignore[return-value]  # (every position is set)
 
@@ -1842,7 +1995,7 @@ def compute_plan(
         teams=team_summary(acc.shares),
         problems=g.plan_problems,
         warnings=(*plan_warnings(
-            g.queues.values(), sum(1 for m in acc.pending if m.cluster_queue is None),
+            g.queues.values(), list(map(_CLUSTER_QUEUE, acc.pending)).count(None),
             {team for (_pool, team) in acc.shares}, acc.capacity_known,
             stand_in_warnings(g.workloads, configured,
                               memo.stand_ins if memo is not None else None), configured),
