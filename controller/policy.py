@@ -1026,8 +1026,10 @@ def _score_team(
     share = weighted_share(vec, cap, settings, tw)
     dominant = ts.dominant_resource
     team_scope = settings.approved_scope is ApprovedScope.TEAM
+    # (read with team-scoped approval only)
     head_since = min((s.since for s in queue
-                      if s.classified.priority_class is PriorityClass.NORMAL), default=None)
+                      if s.classified.priority_class is PriorityClass.NORMAL),
+                     default=None) if team_scope else None
     ceiling = levels  # levels never rise along the team's order
     points, base_terms = classes.points, classes.base_terms
     # `fairness_level` and `aging_term` inline (the same operations in the same order)
