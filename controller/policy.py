@@ -620,17 +620,13 @@ def _shape(w: Workload) -> tuple[object, ...] | None:
     return None
 
 
-# The annotations `classify` and `decide_hami` read on a Workload or its owner.
-_READ_KEYS = POLICY_KEYS | HAMI_KEYS
-
-
-def _quiet_owner(job: JobInfo | OwnerInfo) -> bool:
-    """Whether a Workload's owner has none of the annotations `classify` and `decide_hami`
-    read (HAMi reads batch/v1 Jobs only, their template too)."""
-    if job.annotations and not job.annotations.keys().isdisjoint(_READ_KEYS):
-        return False
-    tmpl = job.template_annotations if isinstance(job, JobInfo) else None
-    return not tmpl or tmpl.keys().isdisjoint(HAMI_KEYS)
+def _hami_quiet(job: JobInfo | OwnerInfo) -> bool:
+    """Whether a Workload's owner has none of the annotations `decide_hami` reads (HAMi
+    reads batch/v1 Jobs only, their template too)."""
+    if not isinstance(job, JobInfo):
+        return True
+    return (not job.annotations or job.annotations.keys().isdisjoint(HAMI_KEYS)) and (
+        not job.template_annotations or job.template_annotations.keys().isdisjoint(HAMI_KEYS))
 
 
 def _quiet_pod_set(ps: PodSet) -> bool:
@@ -767,31 +763,38 @@ def score_pending(
         shape = _shape(w)
         ann = w.annotations
         if shape is not None and not parse_problems \
-                and (not ann or ann.keys().isdisjoint(_READ_KEYS)) \
-                and (job is None or _quiet_owner(job)) and _quiet_pod_set(w.pod_sets[0]):
-            # Nothing is read of it but its priority, priority class, queues and shape:
-            # `classify`'s defaults, its shape's resource checks and HAMi's rules alone
-            # (`decide_hami`'s cache), shared with every Workload alike.
+                and (not ann or ann.keys().isdisjoint(HAMI_KEYS)) \
+                and (job is None or _hami_quiet(job)) and _quiet_pod_set(w.pod_sets[0]):
+            # HAMi reads nothing of it but its class, queues and shape: its shape's resource
+            # checks and GPU summary, and HAMi's rules alone (`decide_hami`'s cache), are
+            # shared with every Workload alike; so are `classify`'s defaults.
             clean, wants_gpu, fractional = demands.facts(w, shape)
             if clean:
-                base = w.priority or 0
-                ckey = (base, w.workload_priority_class, w.priority_class_name)
-                c = defaults.get(ckey)
-                if c is None:
-                    c = defaults[ckey] = classify(w, job)
+                if (not ann or ann.keys().isdisjoint(POLICY_KEYS)) and (
+                        job is None or not job.annotations
+                        or job.annotations.keys().isdisjoint(POLICY_KEYS)):
+                    ckey = (w.priority or 0, w.workload_priority_class, w.priority_class_name)
+                    c = defaults.get(ckey)
+                    if c is None:
+                        c = defaults[ckey] = classify(w, job)
+                else:
+                    c = classify(w, job)
                 hami: HamiDecision | None = None
                 if wants_gpu:
-                    hkey = (PriorityClass.NORMAL, w.queue_name, m.cluster_queue, fractional)
+                    cls = c.priority_class
+                    hkey = (cls, w.queue_name, m.cluster_queue, fractional)  # (its key there)
                     if hkey in hami_cache:
                         hami = hami_cache[hkey]
                     else:
-                        hami = decide_hami(w, job if isinstance(job, JobInfo) else None,
-                                           PriorityClass.NORMAL, m.cluster_queue, settings,
-                                           acc.card_mib, hami_cache)[0]
+                        hami = decide_hami(w, job if isinstance(job, JobInfo) else None, cls,
+                                           m.cluster_queue, settings, acc.card_mib,
+                                           hami_cache)[0]
                     hami = check_fraction(hami, held_by, quota_check)
-                early[i] = demands.scaled(w, m.pool, shape)
+                if not c.blocking:
+                    early[i] = demands.scaled(w, m.pool, shape)
                 return (m, (parse_problems, m.cluster_queue, held_by),
-                        (c, (), hami, queued_since(w, mode), base, 0, None, ""), True)
+                        (c, c.problems, hami, queued_since(w, mode), kueue_priority(w, c),
+                         c.current_boost or 0, None, ""), not c.blocking)
         c = classify(w, job)
         problems: list[InputProblem] = [*parse_problems, *c.problems]
         blocking = c.blocking or bool(parse_problems)

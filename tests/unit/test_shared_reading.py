@@ -22,6 +22,8 @@ from controller.domain import (
     GPUMEM,
     GPUMEM_PERCENTAGE,
     HAMI_NODE_POLICY_ANNOTATION,
+    KUEUE_PRIORITY_BOOST_ANNOTATION,
+    URGENT_ANNOTATION,
     ClusterQueue,
     ClusterSnapshot,
     Container,
@@ -58,6 +60,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "stand-in": {"priority": 7, "priority_class_name": "wdrf-normal",
                  "workload_priority_class": True},
     "class": {"annotations": {APPROVED_ANNOTATION: "true"}},
+    "bad-class": {"annotations": {URGENT_ANNOTATION: "yes"}},  # blocking
+    "boost": {"annotations": {KUEUE_PRIORITY_BOOST_ANNOTATION: "5"}},  # as written
+    "bad-boost": {"annotations": {KUEUE_PRIORITY_BOOST_ANNOTATION: "five"}},
+    "owner-class": {"owner": {APPROVED_ANNOTATION: "true"}},
     "pod-set-annotation": {"pod_annotations": {HAMI_NODE_POLICY_ANNOTATION: "spread"}},
     "owner": {"owner": True},
     "queue": {"queue": "other"},
@@ -111,8 +117,11 @@ def snapshot() -> ClusterSnapshot:
             w = workload(f"w{i}{suffix}", ns, 3000.0 - 10 * j, fields)
             workloads.append(w)
             if w.owner is not None:
+                on_job = fields["owner"]
                 jobs.append(JobInfo(ns, w.owner.name, w.owner.uid,
-                                    template_annotations={HAMI_NODE_POLICY_ANNOTATION: "spread"}))
+                                    annotations=on_job if isinstance(on_job, dict) else {},
+                                    template_annotations={} if isinstance(on_job, dict)
+                                    else {HAMI_NODE_POLICY_ANNOTATION: "spread"}))
     # Admitted Workloads alike share their usage: per variant a team holding two, the second
     # differing in one field, and waiting with one (its share counts both).
     for variant, change in ADMITTED.items():
@@ -162,7 +171,7 @@ def each_on_its_own(snap: ClusterSnapshot, settings: Settings,
 def signature(d: WorkloadDecision) -> tuple[object, ...]:
     """What a decision says, less the names in it."""
     b = d.breakdown
-    return (d.target_priority, d.target_boost, d.hami, d.leave_unchanged,
+    return (d.target_priority, d.target_boost, d.current_boost, d.hami, d.leave_unchanged,
             tuple(p.message for p in d.problems),
             (b.pool, b.dominant_share, b.fairness_level) if b is not None else None)
 
