@@ -24,6 +24,7 @@ from controller.domain import (
     PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
     Admission,
+    ApprovedScope,
     ClusterQueue,
     ClusterSnapshot,
     InputProblem,
@@ -35,6 +36,7 @@ from controller.domain import (
     PriorityClass,
     QuotaCheck,
     ResourceQuota,
+    TeamSource,
     Workload,
     frozen_resources,
 )
@@ -49,7 +51,7 @@ LOCAL = ("q0", "q1", "q2")  # + "ghost" (an unknown ClusterQueue) and "none" (no
 SETTINGS = {
     "default": Settings(),
     "reclaim": make_settings(reclaim_enabled=True, min_runtime=600.0, reclaim_margin=0.0,
-                             approved_scope="team"),
+                             approved_scope=ApprovedScope.TEAM),
     "weights": make_settings(team_weights={"team-0": 2.0, "team-9": 1.0}),
     "auto": make_settings(team_weights=AUTO_TEAM_WEIGHTS),
 }
@@ -246,7 +248,7 @@ def test_a_memo_reused_across_cycles_gives_the_plan_without_it(data: st.DataObje
     memo = PlanMemo()
     last = None
     # (the team source as well: a Member's team depends on it)
-    choices = {**SETTINGS, "by-queue": make_settings(team_source="localqueue")}
+    choices = {**SETTINGS, "by-queue": make_settings(team_source=TeamSource.LOCAL_QUEUE)}
     for _ in range(data.draw(st.integers(3, 20))):
         for _ in range(data.draw(st.integers(0, 3))):
             event = step(data, world, last)
@@ -297,7 +299,7 @@ def test_a_memo_keeps_members_only_while_their_queues_and_owners_are_equal() -> 
     for w in list(world.workloads.values())[::4]:
         world.admit(w)
     memo = PlanMemo()
-    s = make_settings(team_source="label", team_label_key="team")
+    s = make_settings(team_source=TeamSource.LABEL, team_label_key="team")
 
     def check() -> None:
         snap = world.snapshot()
