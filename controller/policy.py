@@ -21,7 +21,6 @@ Admitted: the class guard (`PolicySettings.guard`), above every pending Workload
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -87,6 +86,7 @@ from controller.domain import (
     fast_init,
 )
 from controller.encoding import (
+    aging_term,
     base_term,
     exposed_terms,
     guard_terms,
@@ -295,7 +295,6 @@ def _previous(w: Workload, pool: str, team: str, levels: int) -> tuple[int | Non
 _WORKLOAD, _QUOTA_RESERVED = attrgetter("workload"), attrgetter("quota_reserved")
 _POOL, _TEAM = attrgetter("pool"), attrgetter("team")
 _CLUSTER_QUEUE = attrgetter("cluster_queue")
-_pow, _floor = math.pow, math.floor
 
 
 class _NoMember:
@@ -1035,11 +1034,6 @@ def _score_team(
                      default=None) if team_scope else None
     ceiling = levels  # levels never rise along the team's order
     points, base_terms = classes.points, classes.base_terms
-    # `fairness_level` and `aging_term` inline (the same operations in the same order)
-    weights_total = max(total, 1e-12)
-    hysteresis = settings.fairness_hysteresis
-    period, coefficient = settings.rebase_period, settings.aging_coefficient
-    aging_top, aging_cap = ref_ts + period, settings.max_aging_time + period
     for s in queue:
         c = s.classified
         w = s.member.workload
@@ -1056,17 +1050,8 @@ def _score_team(
         else:
             previous, taken = None, ""
         # Levels are never below 0: once the ceiling is 0, so is every level after it.
-        if ceiling:
-            exponent = max(before, 0.0) * weights_total
-            exact = (0.0 if exponent > 1e4 else _pow(2.0, -exponent)) * levels
-            level = min(levels, _floor(exact + 1e-9))
-            if previous is not None and not before <= 0 and 0 <= previous <= levels \
-                    and previous - hysteresis <= exact < previous + 1 + hysteresis:
-                level = previous
-            if level > ceiling:
-                level = ceiling
-        else:
-            level = 0
+        level = min(ceiling, fairness_level(before, total, settings, previous)) if ceiling \
+            else 0
         ceiling = level
         fairness = points[level]
         cls = c.priority_class
@@ -1075,12 +1060,7 @@ def _score_team(
         if team_scope and cls is PriorityClass.APPROVED and head_since is not None \
                 and head_since < since:
             credited = shared = head_since
-        x = aging_top - credited.timestamp()
-        if x < 0.0:
-            x = 0.0
-        if x > aging_cap:
-            x = aging_cap
-        aging = _floor(coefficient * x + 1e-9)
+        aging = aging_term(credited.timestamp(), ref_ts, settings)
         ranked = c.ranked
         bterm = base_terms.get(ranked)
         if bterm is None:
@@ -1303,10 +1283,7 @@ def pending_threats(scored: Iterable[Scored], queues: Mapping[str, ClusterQueue]
         if found is None:
             found = reach[cq] = _reach(queues.get(cq) if cq else None)
         within, across = found
-        # (`threat_value`, its common case inline)
-        w = m.workload
-        current = (w.priority or 0) + (c.current_boost or 0)
-        value = s.target if current <= s.target else threat_value(s)
+        value = threat_value(s)
         if within and cq is not None:
             key = ("cq", cq, c.priority_class)
             if value > out.get(key, floor):
@@ -1777,18 +1754,7 @@ def order(scored: list[Scored], memo: PlanMemo | None = None) -> list[WorkloadDe
     # once made) at the same rank.
     decisions = ordered.decisions
     for i in compress(range(len(ranks)), map(ne, ranks, ordered.ranks)):
-        s = scored[i]
-        b = s.breakdown
-        if b is None:
-            decisions[i] = _decision(s, ranks[i])
-            continue
-        m, c = s.member, s.classified
-        w = m.workload
-        # (`_decision`, inline; positional: the fields in order, as `WorkloadDecision`
-        # declares them)
-        decisions[i] = WorkloadDecision(
-            w.key, w.uid, m.cluster_queue, m.team, ranks[i], c.base, w.priority,
-            c.current_boost, s.boost, s.target, b, s.hami, s.problems, False, False, s.terms)
+        decisions[i] = _decision(scored[i], ranks[i])
     ordered.ranks = ranks
     return decisions.copy()  # type: ignore[return-value]  # (every position is set)
 
