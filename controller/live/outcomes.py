@@ -7,13 +7,16 @@
   and on a big cluster it would be one Event per Workload.
 * A HAMi write that succeeded: `HamiSettingsApplied`; a GPU fraction the apiserver refused:
   `GpuFractionNotApplied`; a write that failed for another reason than an outage: `PatchFailed`.
+  A conflict (the object changed since it was read) is not one: the next cycle plans from the
+  fresh object, so it is logged and counted (`wdrf_patches_total{result="conflict"}`), and on
+  a big cluster an Event per conflict would be noise on objects nothing is wrong with.
 * Notices from the diff and invalid input from the plan: their own reasons.
 """
 
 from __future__ import annotations
 
 from controller.domain import InputProblem, ObjectRef, Workload
-from controller.live.apply import APPLIED, CONFLICT, DEFERRED, FAILED, UNSUPPORTED, Outcome
+from controller.live.apply import APPLIED, DEFERRED, FAILED, UNSUPPORTED, Outcome
 from controller.live.diff import (
     GPU_FRACTION,
     PRIORITY,
@@ -66,7 +69,7 @@ def outcome_events(events: EventRecorder, outcome: Outcome, workload: Workload |
         note = fraction_refused_notice(c.ref, d.hami)
         for ref in {c.ref, *targets}:
             events.emit(ref, note.reason, note.message, "Warning")
-    elif outcome.result in (FAILED, CONFLICT) or (
+    elif outcome.result is FAILED or (
         outcome.result == DEFERRED and outcome.error is not None
         and outcome.error.status != 0
     ):

@@ -7,7 +7,14 @@ from typing import Any
 import pytest
 
 from controller.domain import KUEUE_PRIORITY_BOOST_ANNOTATION
-from controller.live.api import JOBS, WORKLOADS, CountingTransport, ReadOnlyTransport
+from controller.live.api import (
+    EVENTS,
+    JOBS,
+    WORKLOADS,
+    ApiError,
+    CountingTransport,
+    ReadOnlyTransport,
+)
 from controller.live.apply import (
     APPLIED,
     CONFLICT,
@@ -17,10 +24,13 @@ from controller.live.apply import (
     REFUSED,
     UNSUPPORTED,
     Applier,
+    Outcome,
 )
 from controller.live.backoff import Backoff
 from controller.live.diff import GPU_FRACTION, diff_job_hami, diff_priority
+from controller.live.events import EventRecorder
 from controller.live.metrics import Metrics
+from controller.live.outcomes import outcome_events
 from controller.plan import HamiDecision, PriorityMode, WorkloadDecision
 from tests.support.fake import FakeApi
 
@@ -276,3 +286,21 @@ def test_concurrent_workers_apply_everything_and_report_each_outcome() -> None:
     assert [o.change.ref.name for o in report.outcomes] == [f"w{i}" for i in range(20)]
     assert report.counts() == {APPLIED: 19, FAILED: 1}
     assert sorted(seen) == sorted(o.result for o in report.outcomes)
+
+
+def test_a_conflict_gives_no_event_a_failed_write_does() -> None:
+    """A stale write is planned again from the fresh object next cycle: logged and counted,
+    not a Warning Event on an object nothing is wrong with; a refused one is."""
+    api = FakeApi()
+    stale = seed(api, "a", priority=10)
+    change = diff_priority(decision("a"), stale, WORKLOADS, PriorityMode.BOOST)
+    assert change is not None
+    seed(api, "a", priority=10, boost="777")
+    report = Applier(api, Metrics()).apply([change])
+    assert report.counts() == {CONFLICT: 1}
+    recorder = EventRecorder(api, Metrics(), per_object=3600)
+    outcome_events(recorder, report.outcomes[0], None)
+    assert api.request("GET", EVENTS.collection("ns"))["items"] == []
+    outcome_events(recorder, Outcome(change, FAILED, ApiError(422, "Invalid", "x")), None)
+    events = api.request("GET", EVENTS.collection("ns"))["items"]
+    assert [e["reason"] for e in events] == ["PatchFailed"]
