@@ -218,11 +218,16 @@ class Classified:
 
 
 
-def classify(workload: Workload, job: Owner | None) -> Classified:
+def reads_no_annotation(workload: Workload, job: Owner | None) -> bool:
+    """Whether neither the Workload nor its owner has an annotation `classify` reads: then its
+    result depends only on the Workload's priority fields (the defaults)."""
     ann = workload.annotations
-    if (not ann or ann.keys().isdisjoint(POLICY_KEYS)) and (
-        job is None or not job.annotations or job.annotations.keys().isdisjoint(POLICY_KEYS)
-    ):  # hot path: nothing to read, all defaults
+    return (not ann or ann.keys().isdisjoint(POLICY_KEYS)) and (
+        job is None or not job.annotations or job.annotations.keys().isdisjoint(POLICY_KEYS))
+
+
+def classify(workload: Workload, job: Owner | None) -> Classified:
+    if reads_no_annotation(workload, job):  # hot path: nothing to read, all defaults
         base = workload.priority or 0
         return Classified(PriorityClass.NORMAL, None, base, ranked_base(workload, base), None,
                           (), False)

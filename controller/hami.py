@@ -134,8 +134,7 @@ def decide_hami(
     reasons: list[str] = []
     cores: int | None = None
     mem: int | None = None
-    key: tuple[object, ...] | None = None
-    if _mentions(workload, job):
+    if mentions_hami(workload, job):
         node, gpu, cores, problems = _from_annotations(
             _sources(workload, job), wants_gpu, settings.hami_version, reasons
         )
@@ -143,28 +142,43 @@ def decide_hami(
     elif not wants_gpu:
         return None, problems
     elif cache is not None:  # hot path
-        key = (priority_class, workload.queue_name, cluster_queue, fractional)
-        if key in cache:
-            return cache[key], problems
+        return decide_by_rules(workload, job, priority_class, cluster_queue, settings,
+                               fractional, cache), problems
     if problems or not wants_gpu:
         return None, problems
-    if key is not None and cache is not None:
-        # The rules alone decide (nothing mentioned): Workloads that match the same rules
-        # get the same decision, and the same changes (none of theirs is annotated).
-        cls_name = priority_class.value
-        matched = ("rules", *(i for i, rule in enumerate(settings.hami_rules) if rule.matches(
-            cls_name, workload.queue_name, cluster_queue, fractional)))
-        if matched in cache:
-            decision = cache[matched]
-        else:
-            decision = cache[matched] = _by_rules(
-                workload, job, priority_class, cluster_queue, settings, fractional, node, gpu,
-                cores, mem, reasons)
-        cache[key] = decision
-        return decision, problems
     decision = _by_rules(workload, job, priority_class, cluster_queue, settings, fractional,
                          node, gpu, cores, mem, reasons)
     return decision, problems
+
+
+def decide_by_rules(
+    workload: Workload,
+    job: JobInfo | None,
+    priority_class: PriorityClass,
+    cluster_queue: str | None,
+    settings: HamiSettings,
+    fractional: bool,
+    cache: dict[tuple[object, ...], HamiDecision | None],
+) -> HamiDecision | None:
+    """The decision for a Workload that asks for a GPU and mentions no HAMi annotation
+    (`mentions_hami` is false): HAMI_RULES and the defaults alone decide, from its class,
+    queues and fractional-ness, so Workloads alike share one decision through `cache` (one
+    dict per plan, for one settings), and the same changes (none of theirs is annotated)."""
+    key = (priority_class, workload.queue_name, cluster_queue, fractional)
+    if key in cache:
+        return cache[key]
+    # Workloads that match the same rules get the same decision.
+    cls_name = priority_class.value
+    matched = ("rules", *(i for i, rule in enumerate(settings.hami_rules) if rule.matches(
+        cls_name, workload.queue_name, cluster_queue, fractional)))
+    if matched in cache:
+        decision = cache[matched]
+    else:
+        decision = cache[matched] = _by_rules(
+            workload, job, priority_class, cluster_queue, settings, fractional, None, None,
+            None, None, [])
+    cache[key] = decision
+    return decision
 
 
 def _by_rules(
@@ -207,7 +221,7 @@ def _by_rules(
     return replace(decision, changes=_changes(workload, job, decision))
 
 
-def _mentions(workload: Workload, job: JobInfo | None) -> bool:
+def mentions_hami(workload: Workload, job: JobInfo | None) -> bool:
     """Whether any annotation read by steps 1-2 (or the fraction) is present anywhere."""
     keys = HAMI_KEYS
     a = workload.annotations

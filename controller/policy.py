@@ -58,12 +58,12 @@ from controller.accounting import (
     weighted_share,
 )
 from controller.classify import (
-    POLICY_KEYS,
     Classified,
     StandIns,
     clamp_int32,
     classify,
     implied_base,
+    reads_no_annotation,
     stand_in_warnings,
 )
 from controller.config import MAX_TEAM_WEIGHT, MIN_TEAM_WEIGHT, PolicySettings
@@ -78,7 +78,6 @@ from controller.domain import (
     JobInfo,
     LocalQueue,
     OwnerInfo,
-    PodSet,
     PriorityClass,
     TeamSource,
     Workload,
@@ -96,7 +95,7 @@ from controller.encoding import (
     reference,
     requeue_mode,
 )
-from controller.hami import HAMI_KEYS, check_fraction, decide_hami
+from controller.hami import check_fraction, decide_by_rules, decide_hami, mentions_hami
 from controller.plan import (
     EXPOSED_STATE,
     Exposure,
@@ -619,20 +618,6 @@ def _shape(w: Workload) -> tuple[object, ...] | None:
     return None
 
 
-def _hami_quiet(job: JobInfo | OwnerInfo) -> bool:
-    """Whether a Workload's owner has none of the annotations `decide_hami` reads (HAMi
-    reads batch/v1 Jobs only, their template too)."""
-    if not isinstance(job, JobInfo):
-        return True
-    return (not job.annotations or job.annotations.keys().isdisjoint(HAMI_KEYS)) and (
-        not job.template_annotations or job.template_annotations.keys().isdisjoint(HAMI_KEYS))
-
-
-def _quiet_pod_set(ps: PodSet) -> bool:
-    """Whether a pod set's template has none of the annotations `decide_hami` reads."""
-    return not ps.annotations or ps.annotations.keys().isdisjoint(HAMI_KEYS)
-
-
 # What a shape's resources say, the same for every Workload of the shape (`_Demands.facts`):
 # (no resource problem, asks for a GPU, some container takes less than whole GPUs).
 _Facts = tuple[bool, bool, bool]
@@ -760,18 +745,14 @@ def score_pending(
                 and found[1] == (parse_problems, m.cluster_queue, held_by):
             return found if found[0] is m else (m, *found[1:])
         shape = _shape(w)
-        ann = w.annotations
-        if shape is not None and not parse_problems \
-                and (not ann or ann.keys().isdisjoint(HAMI_KEYS)) \
-                and (job is None or _hami_quiet(job)) and _quiet_pod_set(w.pod_sets[0]):
+        job_info = job if isinstance(job, JobInfo) else None  # HAMi reads batch/v1 Jobs only
+        if shape is not None and not parse_problems and not mentions_hami(w, job_info):
             # HAMi reads nothing of it but its class, queues and shape: its shape's resource
             # checks and GPU summary, and HAMi's rules alone (`decide_hami`'s cache), are
             # shared with every Workload alike; so are `classify`'s defaults.
             clean, wants_gpu, fractional = demands.facts(w, shape)
             if clean:
-                if (not ann or ann.keys().isdisjoint(POLICY_KEYS)) and (
-                        job is None or not job.annotations
-                        or job.annotations.keys().isdisjoint(POLICY_KEYS)):
+                if reads_no_annotation(w, job):
                     ckey = (w.priority or 0, w.workload_priority_class, w.priority_class_name)
                     c = defaults.get(ckey)
                     if c is None:
@@ -780,15 +761,10 @@ def score_pending(
                     c = classify(w, job)
                 hami: HamiDecision | None = None
                 if wants_gpu:
-                    cls = c.priority_class
-                    hkey = (cls, w.queue_name, m.cluster_queue, fractional)  # (its key there)
-                    if hkey in hami_cache:
-                        hami = hami_cache[hkey]
-                    else:
-                        hami = decide_hami(w, job if isinstance(job, JobInfo) else None, cls,
-                                           m.cluster_queue, settings, acc.card_mib,
-                                           hami_cache)[0]
-                    hami = check_fraction(hami, held_by, quota_check)
+                    hami = check_fraction(
+                        decide_by_rules(w, job_info, c.priority_class, m.cluster_queue,
+                                        settings, fractional, hami_cache),
+                        held_by, quota_check)
                 if not c.blocking:
                     early[i] = demands.scaled(w, m.pool, shape)
                 return (m, (parse_problems, m.cluster_queue, held_by),
@@ -800,9 +776,8 @@ def score_pending(
         for prob, is_blocking in resource_problems(w, settings):
             problems.append(prob)
             blocking = blocking or is_blocking
-        hami, p = decide_hami(w, job if isinstance(job, JobInfo) else None,
-                              c.priority_class, m.cluster_queue, settings, acc.card_mib,
-                              hami_cache)
+        hami, p = decide_hami(w, job_info, c.priority_class, m.cluster_queue, settings,
+                              acc.card_mib, hami_cache)
         hami = check_fraction(hami, held_by, quota_check)
         # A bad scheduling hint is reported and ignored (no HAMi write); it never freezes
         # the priority: the class still follows the annotations (a withdrawn approval
