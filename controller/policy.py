@@ -319,8 +319,6 @@ def _members(
 
     # (plain dicts' bound lookups: the hot loop reads each Workload once)
     lq_get, pool_get = dict(g.lq_to_cq).get, pool_by_cq.get
-    by_namespace = settings.team_source is TeamSource.NAMESPACE
-    team_get = dict(settings.team_namespaces).get
 
     def member_of(w: Workload) -> Member | None:
         if w.quota_reserved:
@@ -337,11 +335,7 @@ def _members(
             if member is not None and member.workload is w and member.job is job \
                     and member.cluster_queue == cq and member.pool == pool:
                 return member
-        if by_namespace:  # (`team_of`, inline)
-            ns = w.namespace
-            team = team_get(ns, ns)
-        else:
-            team = team_of(w, settings, job.labels if (by_label and job) else None)
+        team = team_of(w, settings, job.labels if (by_label and job) else None)
         return Member(w, job, team, cq, pool)
 
     workloads = g.workloads
@@ -523,10 +517,8 @@ def account(
     for pt, ts in shares_raw.items():
         total = active.get(pt[0], 0.0)
         level = fairness_level(ts.dominant_share, total, settings)
-        # (`replace(ts, level=..., fairness_term=..., usage_over_entitlement=...)`, positional)
-        shares[pt] = TeamShare(ts.team, ts.usage, ts.capacity, ts.shares, ts.dominant_resource,
-                               ts.dominant_share, ts.pool, level, level_points(level, settings),
-                               ts.dominant_share * total)
+        shares[pt] = replace(ts, level=level, fairness_term=level_points(level, settings),
+                             usage_over_entitlement=ts.dominant_share * total)
     return Accounts(
         pending=tuple(pending),
         admitted=tuple(admitted),
