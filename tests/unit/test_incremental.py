@@ -254,7 +254,7 @@ def test_a_memo_reused_across_cycles_gives_the_plan_without_it(data: st.DataObje
             event = step(data, world, last)
         s = choices[data.draw(st.sampled_from(sorted(choices)))]
         if data.draw(st.booleans()):
-            s = replace(s, gpu_memory_mib=data.draw(st.sampled_from([None, 16384, 81920])))
+            s = replace(s, gpu_memory_mib=data.draw(st.sampled_from([0, 16384, 81920])))
         snap = world.snapshot()
         full = compute_plan(snap, s, world.now)
         assert compute_plan(snap, s, world.now, memo=memo) == full, event

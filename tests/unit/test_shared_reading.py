@@ -39,7 +39,7 @@ from controller.domain import (
 )
 from controller.plan import Plan, WorkloadDecision
 from controller.policy import compute_plan
-from tests.support.builders import NOW, wl
+from tests.support.builders import NOW, needs_pure_policy, wl
 from tests.support.builders import settings as make_settings
 
 # The first Workload of each pair is read first; the second differs from it in one field.
@@ -160,6 +160,7 @@ SETTINGS = make_settings(
 def each_on_its_own(snap: ClusterSnapshot, settings: Settings,
                     monkeypatch: pytest.MonkeyPatch) -> Plan:
     """The plan with nothing shared between Workloads: no shapes, no HAMi cache."""
+    needs_pure_policy()
     with monkeypatch.context() as m:
         m.setattr(policy, "_shape", lambda _w: None)
         decide = hami.decide_hami
