@@ -120,3 +120,19 @@ test-paused-leader:
 .PHONY: soak
 soak: venv tools
 	WDRF_SOAK_SECONDS=$${WDRF_SOAK_SECONDS:-1200} $(PY) -m pytest -s -p no:cacheprovider tests/plane/test_live_soak.py
+
+# The planner compiled with mypyc (optional; tools/compile.py, docs/policy.md "Performance"):
+# C extensions beside the sources in controller/, which Python imports instead of the .py
+# files until `make pure` removes them. Needs gcc and the Python headers. Pure Python stays
+# the default: `make venv`, CI and the image use it. `make bench-compiled` times both builds
+# in alternating fresh processes and checks their plans are the same; with a build in place
+# the unit tests compare the two as well (tests/unit/test_compiled.py).
+.PHONY: compiled pure bench-compiled
+compiled: venv
+	$(PY) tools/compile.py
+
+pure:
+	$(PY) tools/compile.py --clean
+
+bench-compiled: compiled
+	$(PY) bench/compiled_bench.py $(BENCH_ARGS)
