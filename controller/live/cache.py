@@ -14,11 +14,14 @@
   as current only up to its last one (a connection that died without a FIN). The runner
   pauses writes and reports not-ready when the Workload or ClusterQueue cache is older than
   CACHE_MAX_STALENESS.
-* `managedFields` are dropped on arrival: they are most of a Workload's bytes and unused.
-* Keys and short string values of every cached object are interned: each object arrives in its
-  own JSON document, so without it every Workload holds its own copy of every key and of
-  values most Workloads share (kinds, queue and flavor names, condition types, timestamps);
-  at 50,000 Workloads that halves the cache (about 220 to 110 MiB).
+* `managedFields` are dropped on arrival: they are most of a Workload's bytes and unused. Of
+  a Workload only what the controller reads is kept (`WORKLOAD_FIELDS`): not the rest of its
+  pod template, condition messages or `status.resourceRequests`.
+* Each object arrives in its own JSON document, so without sharing every Workload holds its
+  own copy of every key and of what most Workloads have in common (kinds, queue and flavor
+  names, timestamps; pod sets, conditions, admissions). Keys and short strings are interned,
+  and equal subtrees are one object (`Shared`, one table per informer, pruned as it goes): at
+  50,000 Workloads of `bench/memory_bench.py` the caches hold 42 MiB instead of 186 MiB.
 * Every change is reported to `on_event(kind, old, new)` (old None = added, new None =
   deleted), so the runner can start a cycle promptly after an urgent arrival.
 """
@@ -31,7 +34,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,20 +83,160 @@ def resource_version(obj: JSON | None) -> str:
 _SHARED_STRING_MAX = 64
 
 
-def _shared(value: Any) -> Any:
-    """`value` with its dict keys and short strings interned (equal content, new containers)."""
-    if isinstance(value, dict):
-        return {sys.intern(k) if isinstance(k, str) else k: _shared(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_shared(v) for v in value]
-    if isinstance(value, str) and len(value) <= _SHARED_STRING_MAX:
-        return sys.intern(value)
-    return value
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """The fields of a mapping to keep (each whole, or as its own `Keep` says), or with `each`
+    those of every mapping in a list. A value of another shape than described is kept whole,
+    as is a mapping without a string under `typed` (the parser quotes such values whole in the
+    problems it reports)."""
+
+    fields: Mapping[str, Keep | None]
+    each: bool = False
+    typed: str = ""
 
 
-def slim(obj: JSON, resource: Resource | None = None) -> JSON:
+# What the controller reads from a Workload: the parser (`controller.parse.parse_workload`),
+# the prompt-cycle check, the owner lookups and the priority patch (`controller.workload`:
+# spec.priority, the annotations, whether status and status.admission exist, the UID). The
+# rest (the pod template's other fields, condition messages, status.resourceRequests, ...)
+# is dropped on arrival; `tests/unit/test_live_cache.py` checks that the parser reads the
+# same from both.
+WORKLOAD_FIELDS = Keep({
+    "apiVersion": None, "kind": None,
+    "metadata": Keep({"name": None, "namespace": None, "uid": None, "resourceVersion": None,
+                      "creationTimestamp": None, "labels": None, "annotations": None,
+                      "ownerReferences": None}),
+    "spec": Keep({
+        "queueName": None, "priority": None, "priorityClassRef": None,
+        "priorityClassName": None, "priorityClassSource": None, "active": None,
+        "podSets": Keep({"name": None, "count": None, "template": Keep({
+            "metadata": Keep({"annotations": None}),
+            "spec": Keep({"containers": Keep({"name": None, "resources": None}, each=True)}),
+        })}, each=True),
+    }),
+    "status": Keep({
+        "conditions": Keep({"type": None, "status": None, "reason": None,
+                            "lastTransitionTime": None}, each=True, typed="type"),
+        "admission": None,
+    }),
+})
+
+
+def project(value: Any, keep: Keep | None) -> Any:
+    """`value` with only the fields `keep` names (new containers where something is dropped;
+    what is kept is not copied)."""
+    if keep is None:
+        return value
+    if keep.each:
+        if not isinstance(value, list):
+            return value
+        return [_pick(v, keep) if isinstance(v, dict) else v for v in value]
+    return _pick(value, keep) if isinstance(value, dict) else value
+
+
+def _pick(value: dict[str, Any], keep: Keep) -> dict[str, Any]:
+    if keep.typed and not isinstance(value.get(keep.typed), str):
+        return value
+    fields = keep.fields
+    return {k: project(v, fields[k]) for k, v in value.items() if k in fields}
+
+
+_TRUE, _FALSE = ("true",), ("false",)  # keys of the booleans (True == 1 as a key otherwise)
+_UNIQUE = object()  # the key of a subtree that is never shared
+
+
+class Shared:
+    """One object for equal subtrees of the objects one informer caches.
+
+    Each object arrives in its own JSON document, so without it every Workload holds its own
+    copy of everything it has in common with others: its pod sets, its conditions, its
+    admission, its labels and annotations are mostly equal to those of other Workloads of the
+    same queue and size. A subtree is shared when it is equal to one seen before, with its
+    dict keys in the same order and its values of the same types; a mapping with a `uid`
+    (metadata, an owner reference) is one object's own, and so is what holds it. Cached
+    objects are never changed (the cache replaces them), which is what makes sharing safe.
+    Dict keys and short strings are interned (`sys.intern`) in any case.
+
+    One instance per informer, used by its thread only. `prune` forgets the subtrees no cached
+    object holds any more."""
+
+    def __init__(self) -> None:
+        self._table: dict[Any, Any] = {}  # key of a subtree -> the one object for it
+        self._since_prune = 0  # objects shared since the last prune
+        self._kept = 0  # entries the last prune kept
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __call__(self, value: Any) -> Any:
+        self._since_prune += 1
+        return self._one(value)[0]
+
+    def _one(self, value: Any) -> tuple[Any, Any]:
+        """(the shared value, its key): the key tells equal subtrees apart by content and
+        type; _UNIQUE for one object's own."""
+        kind = type(value)
+        if kind is str:
+            if len(value) <= _SHARED_STRING_MAX:
+                value = sys.intern(value)
+            return value, value
+        if kind is dict:
+            out: dict[Any, Any] = {}
+            parts: list[Any] = ["{"]
+            unique = "uid" in value
+            for k, v in value.items():
+                if type(k) is str:
+                    k = sys.intern(k)
+                child, key = self._one(v)
+                out[k] = child
+                if key is _UNIQUE:
+                    unique = True
+                elif not unique:
+                    parts += (k, key)
+            return (out, _UNIQUE) if unique else self._find(out, tuple(parts))
+        if kind is list:
+            items: list[Any] = []
+            parts = ["["]
+            unique = False
+            for v in value:
+                child, key = self._one(v)
+                items.append(child)
+                if key is _UNIQUE:
+                    unique = True
+                elif not unique:
+                    parts.append(key)
+            return (items, _UNIQUE) if unique else self._find(items, tuple(parts))
+        if kind is bool:
+            return value, _TRUE if value else _FALSE
+        if kind is int or value is None:
+            return value, value
+        return value, (kind.__name__, value)  # a float: 1.0 must not share with 1
+
+    def _find(self, value: Any, key: tuple[Any, ...]) -> tuple[Any, Any]:
+        table = self._table
+        found = table.get(key)
+        if found is None:
+            table[key] = found = value
+        return found, key
+
+    def prune(self) -> None:
+        """Forget the subtrees only this table holds. Newest first: a subtree is added after
+        the subtrees it holds, so one pass frees a forgotten subtree's parts too."""
+        table = self._table
+        for key in reversed(list(table)):
+            if sys.getrefcount(table[key]) <= 2:  # the table's reference and the argument's
+                del table[key]
+        self._since_prune, self._kept = 0, len(table)
+
+    def due(self) -> bool:
+        """Whether to prune: after as many new objects as the last prune kept entries (at
+        least 1,000), so that pruning costs a constant share of the work."""
+        return self._since_prune >= max(1000, self._kept)
+
+
+def slim(obj: JSON, resource: Resource | None = None, shared: Shared | None = None) -> JSON:
     """Drop what the controller never reads and what costs the most memory; name the kind;
-    share repeated strings with the other cached objects.
+    share repeated strings (and with `shared`, equal subtrees) with the other cached objects.
 
     Items of a LIST of built-in types carry no apiVersion/kind: set them from the resource.
     """
@@ -106,10 +249,23 @@ def slim(obj: JSON, resource: Resource | None = None) -> JSON:
         if resource.kind == "Node" and isinstance(obj.get("status"), dict):
             obj["status"].pop("images", None)
     try:
-        shared: JSON = _shared(obj)
+        kept = project(obj, WORKLOAD_FIELDS) if resource and resource.kind == "Workload" else obj
+        out: JSON = (shared if shared is not None else _interned)(kept)
     except RecursionError:  # nested deeper than the interpreter allows: keep it as it came
         return obj
-    return shared
+    return out
+
+
+def _interned(value: Any) -> Any:
+    """`value` with its dict keys and short strings interned (equal content, new containers)."""
+    if isinstance(value, dict):
+        return {sys.intern(k) if isinstance(k, str) else k: _interned(v)
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interned(v) for v in value]
+    if isinstance(value, str) and len(value) <= _SHARED_STRING_MAX:
+        return sys.intern(value)
+    return value
 
 
 class Informer:
@@ -139,6 +295,7 @@ class Informer:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._items: dict[str, JSON] = {}
+        self._shared = Shared()
         self._synced = threading.Event()
         self.resource_version = ""
         self.name = spec.resource.plural
@@ -244,7 +401,7 @@ class Informer:
                     continue
                 raise
             for item in page.get("items") or []:
-                fresh[object_key(item)] = slim(item, self.spec.resource)
+                fresh[object_key(item)] = slim(item, self.spec.resource, self._shared)
             meta = page.get("metadata") or {}
             rv = str(meta.get("resourceVersion", ""))
             token = str(meta.get("continue") or "")
@@ -258,6 +415,8 @@ class Informer:
             self._fresh_at = self._clock()
         self._synced.set()
         self._report_relist(old, fresh)
+        del old
+        self._shared.prune()
         log.debug("listed %d %s at rv %s", len(fresh), self.name, rv)
 
     def _report_relist(self, old: dict[str, JSON], fresh: dict[str, JSON]) -> None:
@@ -322,7 +481,7 @@ class Informer:
             log.debug("ignoring watch event type %r for %s", kind, self.name)
             return
         key = object_key(obj)
-        obj = slim(obj, self.spec.resource)
+        obj = slim(obj, self.spec.resource, self._shared)
         with self._lock:
             before = self._items.get(key)
             if kind == "DELETED":
@@ -333,3 +492,6 @@ class Informer:
                 self.resource_version = rv
         if self._on_event is not None:
             self._on_event(self.spec.resource.kind, before, None if kind == "DELETED" else obj)
+        if self._shared.due():
+            del before, obj
+            self._shared.prune()

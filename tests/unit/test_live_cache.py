@@ -11,7 +11,7 @@ import pytest
 
 from controller.live.api import WORKLOADS, ApiError, CountingTransport
 from controller.live.backoff import Backoff
-from controller.live.cache import Gone, Informer, WatchSpec, slim
+from controller.live.cache import Gone, Informer, Shared, WatchSpec, slim
 from controller.live.metrics import Metrics
 from tests.support.builders import workload_dict
 from tests.support.fake import FakeApi
@@ -254,8 +254,8 @@ def test_slim_keeps_an_object_nested_deeper_than_the_recursion_limit() -> None:
     for _ in range(sys.getrecursionlimit() + 100):
         inner["a"] = {}
         inner = inner["a"]
-    obj["spec"]["deep"] = deep
-    out = slim(obj, WORKLOADS)
+    obj["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"] = deep
+    out = slim(obj, WORKLOADS, Shared())
     assert out is obj  # cached as it came
     assert "managedFields" not in out["metadata"]
-    assert out["spec"]["deep"] is deep
+    assert out["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"] is deep
