@@ -1,7 +1,7 @@
 """The live controller's memory at Kueue's large-scale shape, offline (not a test).
 
     nice -n 5 .venv/bin/python bench/memory_bench.py [--workloads 50000] [--cycles 3]
-        [--breakdown] [--trace [--top 25]] [--dry-run-json]
+        [--write-budget 1000] [--breakdown] [--trace [--top 25]] [--dry-run-json]
 
 The real `LiveController` (config.yaml's settings; no leader election, no HTTP server) over the
 in-memory API server of the unit tests (`tests.support.fake.FakeApi`), holding what
@@ -27,6 +27,9 @@ imported).
   traced): bytes traced after each stage and peak during it; `--top N` the N biggest sites of
   what is held at the end, by the controller's innermost line (a site with no controller
   line, such as copy.py, is the fake's, deeper than `--frames`). Slow: 4 min at 2,000.
+* `--write-budget N`: WRITE_BUDGET (config.yaml's 1,000 by default); a larger one reaches in a
+  few cycles the state a cold start ends in, every Workload written (its terms, base and
+  applied annotations cached, parsed and planned).
 * `--dry-run-json`: instead of cycles, what `python -m controller --dry-run --once -o json`
   does (LIST, one cycle with every write refused, the plan rendered as JSON).
 """
@@ -294,9 +297,18 @@ def deep_size(root: object, seen: dict[int, object]) -> int:
     return total
 
 
-def breakdown(c: LiveController) -> None:
+def fake_size(api: BenchApi) -> float:
+    """MiB the fake API server's objects hold (its side: in the baseline at the start)."""
+    with api._lock:
+        objects = list(api._objects.values())
+    return deep_size(objects, {}) / 2**20
+
+
+def breakdown(c: LiveController, api: BenchApi, fake_at_start: float) -> None:
     """What the controller holds between cycles, by component (each counted beyond the ones
     before it), and what one cycle builds on top: the plan and the diff's changes."""
+    print(f"  {fake_size(api):7.1f} MiB  the fake API server's objects, not the controller's "
+          f"({fake_at_start:.1f} MiB at the start, in the baseline)", flush=True)
     seen: dict[int, object] = {}
     parts: list[tuple[str, object]] = [
         ("informer caches", {n: i._items for n, i in c.informers.items()}),
@@ -333,6 +345,8 @@ def main() -> int:
     ap.add_argument("--cohorts", type=int, default=10)
     ap.add_argument("--namespaces", type=int, default=500)
     ap.add_argument("--cycles", type=int, default=4)
+    ap.add_argument("--write-budget", type=int, default=0,
+                    help="WRITE_BUDGET (default: config.yaml's)")
     ap.add_argument("--trace", action="store_true", help="tracemalloc (slower; see above)")
     ap.add_argument("--top", type=int, default=0, help="with --trace: N biggest sites")
     ap.add_argument("--frames", type=int, default=8, help="with --trace: traceback depth")
@@ -351,7 +365,9 @@ def main() -> int:
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
     settings = load_settings(REPO / "config.yaml", env={
         "METRICS_PORT": "0", "LEADER_ELECTION": "false", "CLIENT_QPS": "100000",
-        "CLIENT_BURST": "100000"})
+        "CLIENT_BURST": "100000",
+        **({"WRITE_BUDGET": str(a.write_budget)} if a.write_budget else {})})
+    fake_at_start = fake_size(api) if a.breakdown else 0.0
     gc.collect()
     if a.trace:  # from here: what exists already (the fake's objects) is not traced
         tracemalloc.start(a.frames)
@@ -394,7 +410,7 @@ def main() -> int:
         finally:
             c.shutdown()
         if a.breakdown:
-            breakdown(c)
+            breakdown(c, api, fake_at_start)
     if a.trace and a.top:
         top_sites(a.top)
     return 0

@@ -143,6 +143,8 @@ def _pick(value: dict[str, Any], keep: Keep) -> dict[str, Any]:
 
 _TRUE, _FALSE = ("true",), ("false",)  # keys of the booleans (True == 1 as a key otherwise)
 _UNIQUE = object()  # the key of a subtree that is never shared
+# In a mapping with a uid (an object's metadata, an owner reference): values of its own.
+_OWN_VALUES = frozenset({"uid", "name", "resourceVersion"})
 
 
 class Shared:
@@ -187,6 +189,9 @@ class Shared:
             for k, v in value.items():
                 if type(k) is str:
                     k = sys.intern(k)
+                if unique and k in _OWN_VALUES and type(v) is str:
+                    out[k] = v  # never shared: interning it would only cost a table slot
+                    continue
                 child, key = self._one(v)
                 out[k] = child
                 if key is _UNIQUE:
