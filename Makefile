@@ -75,6 +75,7 @@ eval-trace: venv
 # The whole suite, the image test included (pyproject's addopts leave it out of a bare pytest).
 test: venv tools promtool image-tools lint
 	$(PY) -m pytest -m "(image or not image) and not gpu"
+	$(MAKE) test-compiled
 
 # The node agent on a real NVIDIA GPU, witnessed by nvidia-smi (needs a driver; CI has none).
 .PHONY: test-gpu
@@ -124,7 +125,8 @@ soak: venv tools
 # The planner compiled with mypyc (optional; tools/compile.py, docs/policy.md "Performance"):
 # C extensions beside the sources in controller/, which Python imports instead of the .py
 # files until `make pure` removes them. Needs gcc and the Python headers. Pure Python stays
-# the default: `make venv`, CI and the image use it. `make bench-compiled` times both builds
+# the default: `make venv`, the test suite and the image use it; `make test` then builds it
+# once to compare it with pure Python (`test-compiled`). `make bench-compiled` times both builds
 # in alternating fresh processes and checks their plans are the same; with a build in place
 # the unit tests compare the two as well (tests/unit/test_compiled.py).
 .PHONY: compiled pure bench-compiled
@@ -136,3 +138,10 @@ pure:
 
 bench-compiled: compiled
 	$(PY) bench/compiled_bench.py $(BENCH_ARGS)
+
+# `make test`'s last step: build the compiled planner (about 1 min), check it plans exactly as
+# pure Python (tests/unit/test_compiled.py), and remove it again, whatever the outcome.
+.PHONY: test-compiled
+test-compiled: venv
+	@trap '$(PY) tools/compile.py --clean' EXIT; \
+	  $(PY) tools/compile.py && $(PY) -m pytest -p no:cacheprovider tests/unit/test_compiled.py

@@ -1,6 +1,7 @@
 """The optional mypyc build of the planner (tools/compile.py, `make compiled`) plans exactly as
 pure Python: the same digest of plans over several clusters and settings, each build in its
-own process. Skipped where no compiled build sits beside the sources (the default)."""
+own process. Skipped where no compiled build sits beside the sources (the default); `make test`
+builds one for them at its end (`make test-compiled`)."""
 
 from __future__ import annotations
 
