@@ -337,3 +337,25 @@ def evicted_while_admitted(w: Workload, value: int, terms: str) -> Workload:
     return replace(w, last_eviction=NOW, annotations={
         **w.annotations, PRIORITY_TERMS_ANNOTATION: terms,
         KUEUE_PRIORITY_BOOST_ANNOTATION: str(value - (w.priority or 0))})
+
+
+# -- fuzzing raw objects ------------------------------------------------------------------------
+
+
+def json_paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path to a value inside a decoded JSON object (keys and list indices)."""
+    out = [prefix] if prefix else []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += json_paths(v, (*prefix, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += json_paths(v, (*prefix, i))
+    return out
+
+
+def set_at(obj: Any, path: tuple[Any, ...], value: Any) -> None:
+    """Replace the value at `path` (from `json_paths`) in place."""
+    for p in path[:-1]:
+        obj = obj[p]
+    obj[path[-1]] = value

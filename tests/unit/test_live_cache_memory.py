@@ -39,7 +39,7 @@ from controller.workload import (
     owner_job_key,
     priority_patch,
 )
-from tests.support.builders import V1B1, workload_dict
+from tests.support.builders import V1B1, json_paths, set_at, workload_dict
 from tests.support.fake import FakeApi
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -170,27 +170,12 @@ junk = st.recursive(scalars, lambda inner: st.one_of(
     max_leaves=6)
 
 
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, len(OBJECTS) - 1), st.data(), junk)
 def test_the_projection_keeps_what_the_controller_reads_of_malformed_workloads(
         which: int, data: st.DataObject, value: Any) -> None:
     obj = copy.deepcopy(OBJECTS[which])
-    path = data.draw(st.sampled_from(_paths(obj)))
-    node = obj
-    for p in path[:-1]:
-        node = node[p]
-    node[path[-1]] = value
+    set_at(obj, data.draw(st.sampled_from(json_paths(obj))), value)
     full = json.loads(json.dumps(obj))
     assert readings(project(full, WORKLOAD_FIELDS)) == readings(full)
 

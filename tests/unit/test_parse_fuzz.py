@@ -17,7 +17,9 @@ from tests.support.builders import (
     as_list,
     cluster_queue_dict,
     job_dict,
+    json_paths,
     local_queue_dict,
+    set_at,
     workload_dict,
 )
 
@@ -33,23 +35,6 @@ junk = st.recursive(scalars, lambda inner: st.one_of(
     max_leaves=8)
 
 
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix] if prefix else []
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
-def _set(obj: Any, path: tuple[Any, ...], value: Any) -> None:
-    for p in path[:-1]:
-        obj = obj[p]
-    obj[path[-1]] = value
-
-
 BASES = [
     workload_dict("w", annotations={"wdrf.x-k8s.io/urgent": "true"}, owner_job="j"),
     workload_dict("adm", admitted_to="cq", count=2),
@@ -63,9 +48,9 @@ BASES = [
 @given(st.integers(0, len(BASES) - 1), st.data(), junk)
 def test_mutated_objects_never_crash(which: int, data: st.DataObject, value: Any) -> None:
     obj = copy.deepcopy(BASES[which])
-    paths = _paths(obj)
+    paths = json_paths(obj)
     path = data.draw(st.sampled_from(paths))
-    _set(obj, path, value)
+    set_at(obj, path, value)
     others = [copy.deepcopy(b) for i, b in enumerate(BASES) if i != which]
     snap = build_snapshot([as_list(obj, *others)])
     # Every problem is a named field, not the parser's last-resort catch-all.
