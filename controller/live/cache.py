@@ -239,9 +239,10 @@ class Shared:
         return self._since_prune >= max(1000, self._kept)
 
 
-def slim(obj: JSON, resource: Resource | None = None, shared: Shared | None = None) -> JSON:
+def slim(obj: JSON, resource: Resource | None, shared: Shared) -> JSON:
     """Drop what the controller never reads and what costs the most memory; name the kind;
-    share repeated strings (and with `shared`, equal subtrees) with the other cached objects.
+    share repeated strings and, through `shared` (the informer's table), equal subtrees with
+    the other cached objects.
 
     Items of a LIST of built-in types carry no apiVersion/kind: set them from the resource.
     """
@@ -255,22 +256,10 @@ def slim(obj: JSON, resource: Resource | None = None, shared: Shared | None = No
             obj["status"].pop("images", None)
     try:
         kept = project(obj, WORKLOAD_FIELDS) if resource and resource.kind == "Workload" else obj
-        out: JSON = (shared if shared is not None else _interned)(kept)
+        out: JSON = shared(kept)
     except RecursionError:  # nested deeper than the interpreter allows: keep it as it came
         return obj
     return out
-
-
-def _interned(value: Any) -> Any:
-    """`value` with its dict keys and short strings interned (equal content, new containers)."""
-    if isinstance(value, dict):
-        return {sys.intern(k) if isinstance(k, str) else k: _interned(v)
-                for k, v in value.items()}
-    if isinstance(value, list):
-        return [_interned(v) for v in value]
-    if isinstance(value, str) and len(value) <= _SHARED_STRING_MAX:
-        return sys.intern(value)
-    return value
 
 
 class Informer:

@@ -224,7 +224,7 @@ def decoded(text: str) -> Any:
 
 def test_slim_shares_keys_and_short_strings_between_separately_decoded_objects() -> None:
     text = json.dumps(wl("w0"))
-    a, b = slim(decoded(text), WORKLOADS), slim(decoded(text), WORKLOADS)
+    a, b = slim(decoded(text), WORKLOADS, Shared()), slim(decoded(text), WORKLOADS, Shared())
     expected = decoded(text)
     del expected["metadata"]["managedFields"]
     assert a == b == expected  # equal content: only the strings' identity changes
@@ -242,7 +242,7 @@ def test_slim_keeps_long_strings_as_they_came() -> None:
     obj = wl("w0")
     obj["metadata"].setdefault("annotations", {})["note"] = "x" * 200
     text = json.dumps(obj)
-    a, b = slim(decoded(text), WORKLOADS), slim(decoded(text), WORKLOADS)
+    a, b = slim(decoded(text), WORKLOADS, Shared()), slim(decoded(text), WORKLOADS, Shared())
     assert a["metadata"]["annotations"]["note"] == "x" * 200
     assert a["metadata"]["annotations"]["note"] is not b["metadata"]["annotations"]["note"]
 

@@ -158,9 +158,9 @@ def test_slim_projects_workloads_only() -> None:
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "n"},
            "spec": {"suspend": True, "template": {"spec": {"containers": [
                {"name": "c", "image": "i", "resources": {}}]}}}}
-    assert slim(copy.deepcopy(job), JOBS) == job
-    assert "image" not in slim(_with_everything(BASES[0]), WORKLOADS)["spec"]["podSets"][0][
-        "template"]["spec"]["containers"][0]
+    assert slim(copy.deepcopy(job), JOBS, Shared()) == job
+    kept = slim(_with_everything(BASES[0]), WORKLOADS, Shared())
+    assert "image" not in kept["spec"]["podSets"][0]["template"]["spec"]["containers"][0]
 
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False),
@@ -194,8 +194,8 @@ def test_equal_subtrees_of_separately_decoded_objects_are_one_object() -> None:
     # Each object's own: its metadata (it has a uid), and so the object itself.
     assert a["metadata"] is not b["metadata"] and a is not b
     assert a == decoded(project(workload_dict("a", admitted_to="cq"), WORKLOAD_FIELDS))
-    # Without a table, only the strings are shared.
-    c = slim(decoded(workload_dict("c", admitted_to="cq")), WORKLOADS)
+    # With another table (another informer's), only the strings are shared.
+    c = slim(decoded(workload_dict("c", admitted_to="cq")), WORKLOADS, Shared())
     assert c["spec"] is not a["spec"] and c["spec"] == a["spec"]
     assert c["spec"]["queueName"] is a["spec"]["queueName"]
 
