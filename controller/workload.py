@@ -240,10 +240,16 @@ class Terms(Mapping[str, str]):
     `=` is the version, unknown keys are kept in their order, malformed words are dropped.
     Values never contain spaces or `;`."""
 
-    __slots__ = ("_words",)
+    # Compact, because the parse memo holds one per distinct annotation (50,000 at Kueue's
+    # large scale): the key order and positions are shared by every Terms of the same keys,
+    # and words are interned (a few hundred distinct values repeat across all Workloads).
+    __slots__ = ("_index", "_values")
 
     def __init__(self, words: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> None:
-        self._words: dict[str, str] = dict(words)
+        pairs = dict(words)
+        self._index: Mapping[str, int] = _index_of(tuple(pairs))
+        self._values: tuple[str, ...] = tuple(
+            sys.intern(v) if type(v) is str else v for v in pairs.values())
 
     @classmethod
     def parse(cls, text: str | None) -> Terms:
@@ -261,13 +267,13 @@ class Terms(Mapping[str, str]):
 
     def format(self) -> str:
         """The annotation value: the version word, then `key=value` in order."""
-        words = [self._words[VERSION_KEY]] if VERSION_KEY in self._words else []
-        words += [f"{k}={v}" for k, v in self._words.items() if k != VERSION_KEY]
+        words = [self[VERSION_KEY]] if VERSION_KEY in self._index else []
+        words += [f"{k}={v}" for k, v in self.items() if k != VERSION_KEY]
         return " ".join(words)
 
     @property
     def version(self) -> str:
-        return self._words.get(VERSION_KEY, "")
+        return self.get(VERSION_KEY, "")
 
     @property
     def current(self) -> bool:
@@ -275,13 +281,13 @@ class Terms(Mapping[str, str]):
         return self.version == TERMS_VERSION
 
     def __getitem__(self, key: str) -> str:
-        return self._words[key]
+        return self._values[self._index[key]]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._words)
+        return iter(self._index)
 
     def __len__(self) -> int:
-        return len(self._words)
+        return len(self._values)
 
     def __repr__(self) -> str:
         return f"Terms({self.format()!r})"
@@ -296,6 +302,21 @@ def _words_of(text: str) -> dict[str, str]:
         elif i == 0 and not sep:
             out[VERSION_KEY] = word
     return out
+
+
+_INDEXES: dict[tuple[str, ...], Mapping[str, int]] = {}
+_MAX_SHAPES = 1024  # key orders are few (one per kind of terms and version); a flood of
+# annotations with made-up keys gets an index of its own each, not a place in the table
+
+
+def _index_of(keys: tuple[str, ...]) -> Mapping[str, int]:
+    """Each key's position, one shared mapping per key order."""
+    index = _INDEXES.get(keys)
+    if index is None:
+        index = {sys.intern(k) if type(k) is str else k: i for i, k in enumerate(keys)}
+        if len(_INDEXES) < _MAX_SHAPES:
+            _INDEXES[keys] = index
+    return index
 
 
 @functools.lru_cache(maxsize=1 << 16)

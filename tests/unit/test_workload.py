@@ -98,6 +98,33 @@ def test_format_then_parse_is_identity(words: dict[str, str]) -> None:
     assert Terms.parse(terms.format()) == terms
 
 
+
+def test_terms_of_one_key_order_share_their_layout_and_words() -> None:
+    """The parse memo holds one Terms per distinct annotation (tens of thousands at scale):
+    Terms of the same keys in the same order share one key index, and equal words are one
+    string, so each costs its values' tuple, not a dict and strings of its own."""
+    texts = [f"{TERMS_VERSION} class=normal team=t{i % 3} pool=cq/gpu priority={100 + i}"
+             for i in range(6)]
+    parsed = [Terms.parse("".join(t)) for t in texts]  # distinct str objects, equal or not
+    assert len({id(t._index) for t in parsed}) == 1
+    assert len({id(t["class"]) for t in parsed}) == 1
+    assert len({id(t["team"]) for t in parsed if t["team"] == "t0"}) == 1
+    assert [t["priority"] for t in parsed] == [str(100 + i) for i in range(6)]
+    assert list(parsed[0]) == ["version", "class", "team", "pool", "priority"]
+    other = Terms.parse(f"{TERMS_VERSION} team=t0 class=normal")  # another order: its own
+    assert list(other) == ["version", "team", "class"] and other._index is not parsed[0]._index
+    assert other.format() == f"{TERMS_VERSION} team=t0 class=normal"
+
+
+def test_made_up_keys_do_not_grow_the_layout_table_without_bound() -> None:
+    from controller import workload
+
+    for i in range(workload._MAX_SHAPES + 50):
+        terms = Terms({f"k{i}": "v"})
+        assert terms[f"k{i}"] == "v" and list(terms) == [f"k{i}"]
+    assert len(workload._INDEXES) <= workload._MAX_SHAPES
+
+
 # -- the base priority --------------------------------------------------------------------------
 
 
