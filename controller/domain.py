@@ -289,6 +289,10 @@ class Workload:
     # reason QuotaReserved and this time): the preemption came before.
     preemption_cleared_at: datetime | None = None
     evicted: bool = False  # Evicted=True now
+    # With `evicted` by a preemption: the UID of the Workload Kueue evicted it for (named in
+    # the Evicted condition's message), "" when none or not named. Until that one is admitted
+    # it is its ClusterQueue's sticky head: Kueue admits it next, with the value it carries.
+    preempted_for: str = ""
 
     @property
     def last_preemption(self) -> datetime | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -198,6 +199,17 @@ class _Conditions:
     reserved_since: datetime | None  # the QuotaReserved=True transition
     preempted_at: datetime | None  # Preempted=True, else Evicted=True with reason Preempted
     preemption_cleared_at: datetime | None  # Preempted=False, reason QuotaReserved (re-admitted)
+    preempted_for: str  # Evicted=True by a preemption: the preemptor's UID, "" if not named
+
+
+# Kueue's message on the Evicted (and Preempted) condition of a Workload it preempted names the
+# preemptor: "Preempted to accommodate a workload (UID: <uid>, JobUID: <uid>) due to ...".
+_PREEMPTOR = re.compile(r"Preempted to accommodate a workload \(UID: ([^,)\s]+)")
+
+
+def _preemptor(message: object) -> str:
+    found = _PREEMPTOR.match(message) if isinstance(message, str) else None
+    return found.group(1) if found is not None and found.group(1) != "UNKNOWN" else ""
 
 
 def _conditions(ctx: _Ctx, status: Mapping[str, Any]) -> _Conditions:
@@ -205,6 +217,7 @@ def _conditions(ctx: _Ctx, status: Mapping[str, Any]) -> _Conditions:
     when: dict[str, datetime] = {}
     evicted_by_preemption = False
     cleared: datetime | None = None
+    preemptor = ""
     for i, c in enumerate(_list(status.get("conditions"), "status.conditions")):
         if not isinstance(c, Mapping) or not isinstance(c.get("type"), str):
             ctx.problem(f"status.conditions[{i}]", c, "expected a condition with a type")
@@ -219,6 +232,7 @@ def _conditions(ctx: _Ctx, status: Mapping[str, Any]) -> _Conditions:
                 continue
             if kind == "Evicted":
                 evicted_by_preemption = c.get("reason") == "Preempted"
+                preemptor = _preemptor(c.get("message")) if evicted_by_preemption else ""
         elif kind == "Preempted" and c.get("reason") == "QuotaReserved":
             try:
                 cleared = _time(c.get("lastTransitionTime"), f"status.conditions[{i}]")
@@ -231,6 +245,7 @@ def _conditions(ctx: _Ctx, status: Mapping[str, Any]) -> _Conditions:
         preempted_at=when.get("Preempted")
         or (when.get("Evicted") if evicted_by_preemption else None),
         preemption_cleared_at=cleared,
+        preempted_for=preemptor,
     )
 
 
@@ -333,6 +348,7 @@ def parse_workload(obj: Mapping[str, Any]) -> tuple[Workload | None, list[InputP
             preempted_at=found.preempted_at,
             preemption_cleared_at=found.preemption_cleared_at,
             evicted=conds.get("Evicted", False),
+            preempted_for=found.preempted_for if conds.get("Evicted", False) else "",
         )
     except _Bad as bad:
         ctx.problem(bad.field, bad.value, f"{bad.message}; object skipped")

@@ -1128,6 +1128,60 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
                                   clamped=clamped))
 
 
+_PREEMPTED_FOR = attrgetter("preempted_for")
+
+
+def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
+                           settings: PolicySettings) -> None:
+    """A pending Workload that Kueue evicted another for (`Workload.preempted_for`) is its
+    ClusterQueue's sticky head until admitted (with BestEffortFIFO): Kueue admits it as soon
+    as its victims' quota frees, with the value it carries then, whatever the order of the
+    others. In a ClusterQueue that preempts within itself by priority, no other pending
+    Workload of its team and class is written above that value (the one it carries, or its
+    target if lower: it may be admitted with either): raised past it, that Workload would
+    preempt it the moment it is admitted and take its place - a swap inside one team that
+    serves no one. The held Workload's terms say `behind=<the preemptor's name>`; it rises
+    once the preemptor carries its own value or is admitted (and guarded). Across teams the
+    values stand: there the order between them is the fairness the plan writes."""
+    if not any(map(_PREEMPTED_FOR, g.workloads)):
+        return
+    # (its victim's pool only: Kueue preempts within a cohort, and a pool is planned alone)
+    named = {(m.pool, m.workload.preempted_for) for m in (*acc.admitted, *acc.pending)
+             if m.workload.evicted and m.workload.preempted_for}
+    heads: dict[tuple[str, str, PriorityClass], list[Scored]] = {}
+    for s in scored:
+        m = s.member
+        cq = g.queues.get(m.cluster_queue) if m.cluster_queue is not None else None
+        if (m.pool, m.workload.uid) in named and cq is not None \
+                and cq.queueing_strategy == "BestEffortFIFO" \
+                and cq.preemption.within_cluster_queue != "Never":
+            heads.setdefault((cq.name, m.team, s.classified.priority_class), []).append(s)
+    if not heads:
+        return
+    levels = settings.fairness_levels
+    for i, s in enumerate(scored):
+        b, m = s.breakdown, s.member
+        if b is None or s.classified.override is not None or m.cluster_queue is None:
+            continue
+        ahead = [(min(kueue_priority(h.member.workload, h.classified), h.target),
+                  h.member.workload.name) for h in heads.get(
+                      (m.cluster_queue, m.team, s.classified.priority_class), ()) if h is not s]
+        if not ahead:
+            continue
+        cap, name = min(ahead)
+        if s.target <= cap:
+            continue
+        boost, clamped = _boost(cap, b.base)
+        # (a copy: the memo's Scored stay as scored)
+        scored[i] = replace(
+            s, target=cap, boost=boost,
+            breakdown=replace(b, priority=cap, clamped=b.clamped or clamped),
+            terms=pending_terms(
+                b.priority_class, b.team, b.pool, b.fairness_level, levels, b.fairness_term,
+                iso(b.credited_since or b.queued_since), iso(b.reference), b.base,
+                b.override, cap) + s.suffix + f" behind={name}")
+
+
 def _most_kept(fresh: list[OrderKey], now: Mapping[int, OrderKey]) -> set[int]:
     """The largest set K of positions in `fresh` (the new order, ascending) such that giving
     each position in K its key in `now` and every other position its `fresh` key leaves the
@@ -1920,6 +1974,7 @@ def compute_plan(
     acc = account(g, snapshot, settings, now, history, memo)
     scored = score_pending(acc, g, snapshot, settings, now, memo)
     keep_order(scored, settings)
+    hold_behind_preemptors(scored, acc, g, settings)
     pools = preempting_pools(g.queues.values())
     admitted_classes = _admitted_classes(acc, pools, memo)
     victims = choose_victims(acc, g, scored, settings, now, admitted_classes)

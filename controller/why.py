@@ -363,6 +363,10 @@ def _advice(r: Report) -> list[str]:
         out.append(f"Kueue preempted it while its team was over its entitlement, for waiting "
                    f"work of team(s) {t['reclaimed-for']} (a reclaim); it waits again, its wait "
                    "counted from the eviction.")
+    if t.get("behind"):
+        out.append(f"Kueue is taking quota for {t['behind']} of the same team and class (it "
+                   "preempted for it): this one is held at that Workload's priority until Kueue "
+                   "admits it, so as not to preempt it right after.")
     if not t:
         out.append("The WDRF controller has not published a priority breakdown on this Workload "
                    f"(annotation {TERMS_ANNOTATION}): it is not running, or has not reached it "

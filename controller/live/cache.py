@@ -16,7 +16,8 @@
   CACHE_MAX_STALENESS.
 * `managedFields` are dropped on arrival: they are most of a Workload's bytes and unused. Of
   a Workload only what the controller reads is kept (`WORKLOAD_FIELDS`): not the rest of its
-  pod template, condition messages or `status.resourceRequests`.
+  pod template, condition messages (but the Evicted condition's: it names the preemptor) or
+  `status.resourceRequests`.
 * Each object arrives in its own JSON document, so without sharing every Workload holds its
   own copy of every key and of what most Workloads have in common (kinds, queue and flavor
   names, timestamps; pod sets, conditions, admissions). Keys and short strings are interned,
@@ -35,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from controller.live.api import JSON, ApiError, Resource, Transport
@@ -93,14 +94,19 @@ class Keep:
     fields: Mapping[str, Keep | None]
     each: bool = False
     typed: str = ""
+    # More fields to keep of a mapping whose `typed` value is a key here (e.g. the message of
+    # one condition type only).
+    more: Mapping[str, Mapping[str, Keep | None]] = field(default_factory=dict)
 
 
 # What the controller reads from a Workload: the parser (`controller.parse.parse_workload`),
 # the prompt-cycle check, the owner lookups and the priority patch (`controller.workload`:
 # spec.priority, the annotations, whether status and status.admission exist, the UID). The
-# rest (the pod template's other fields, condition messages, status.resourceRequests, ...)
-# is dropped on arrival; `tests/unit/test_live_cache.py` checks that the parser reads the
-# same from both.
+# rest (the pod template's other fields, condition messages but the Evicted condition's, which
+# names the preemptor, status.resourceRequests, ...) is dropped on arrival;
+# `tests/unit/test_live_cache.py` checks that the parser reads the same from both.
+_CONDITION: Mapping[str, Keep | None] = {
+    "type": None, "status": None, "reason": None, "lastTransitionTime": None}
 WORKLOAD_FIELDS = Keep({
     "apiVersion": None, "kind": None,
     "metadata": Keep({"name": None, "namespace": None, "uid": None, "resourceVersion": None,
@@ -115,8 +121,8 @@ WORKLOAD_FIELDS = Keep({
         })}, each=True),
     }),
     "status": Keep({
-        "conditions": Keep({"type": None, "status": None, "reason": None,
-                            "lastTransitionTime": None}, each=True, typed="type"),
+        "conditions": Keep(_CONDITION, each=True, typed="type",
+                           more={"Evicted": {**_CONDITION, "message": None}}),
         "admission": None,
     }),
 })
@@ -135,9 +141,13 @@ def project(value: Any, keep: Keep | None) -> Any:
 
 
 def _pick(value: dict[str, Any], keep: Keep) -> dict[str, Any]:
-    if keep.typed and not isinstance(value.get(keep.typed), str):
-        return value
-    fields = keep.fields
+    if keep.typed:
+        kind = value.get(keep.typed)
+        if not isinstance(kind, str):
+            return value
+        fields = keep.more.get(kind) or keep.fields
+    else:
+        fields = keep.fields
     return {k: project(v, fields[k]) for k, v in value.items() if k in fields}
 
 

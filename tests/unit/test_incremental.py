@@ -118,6 +118,7 @@ class World:
         self.workloads[w.key] = replace(
             w, quota_reserved=True, admitted=True, admission=Admission(where, usage),
             reserved_since=self.now, resource_version=self.version(), preempted_at=None,
+            evicted=False, preempted_for="",
             # Kueue clears a Preempted=True condition on re-admission, stamped now
             preemption_cleared_at=self.now if w.preempted_at else w.preemption_cleared_at)
 
@@ -133,7 +134,8 @@ def pick(data: st.DataObject, items: dict[str, Any]) -> Any:
 def step(data: st.DataObject, world: World, last: Any) -> str:
     """One random event; returns its name (for failure messages)."""
     event = data.draw(st.sampled_from([
-        "add", "add", "add", "admit", "finish", "annotate", "write", "preempt", "deactivate",
+        "add", "add", "add", "admit", "finish", "annotate", "write", "preempt", "evict",
+        "deactivate",
         "job", "local", "queue", "clock", "clock", "problem", "stand-in", "nothing"]))
     w = pick(data, world.workloads)
     if event == "add" or w is None:
@@ -167,6 +169,14 @@ def step(data: st.DataObject, world: World, last: Any) -> str:
         world.workloads[w.key] = replace(
             w, quota_reserved=False, admitted=False, admission=None, preempted_at=world.now,
             last_eviction=world.now, reserved_since=None, resource_version=world.version())
+    elif event == "evict" and w.quota_reserved:
+        # Kueue evicts it for a pending Workload (named in its Evicted condition), of any
+        # pool: its pods are stopping, it still holds its quota
+        waiting = {k: p for k, p in world.workloads.items() if not p.quota_reserved}
+        p = pick(data, waiting)
+        world.workloads[w.key] = replace(
+            w, evicted=True, preempted_for=p.uid if p is not None else "",
+            preempted_at=world.now, resource_version=world.version())
     elif event == "deactivate":
         world.workloads[w.key] = replace(w, active=not w.active, resource_version=world.version())
     elif event == "job" and world.jobs:

@@ -90,6 +90,8 @@ BASES: list[dict[str, Any]] = [
     workload_dict("done", admitted_to="cq", finished=True),
     workload_dict("evicted", admitted_to="cq", conditions=[
         {"type": "Evicted", "status": "True", "reason": "Preempted",
+         "message": "Preempted to accommodate a workload (UID: p-uid, JobUID: j-uid) due to "
+                    "prioritization in the ClusterQueue; preemptor path: /cq",
          "lastTransitionTime": "2025-11-20T11:00:00Z"},
         {"type": "Preempted", "status": "False", "reason": "QuotaReserved",
          "lastTransitionTime": "2025-11-20T11:10:00Z"},
@@ -150,6 +152,11 @@ def test_the_projection_drops_what_nobody_reads() -> None:
     assert set(obj["status"]) == {"admission", "conditions"}
     assert all("message" not in c and "observedGeneration" not in c
                for c in obj["status"]["conditions"])
+    # Of the messages, the Evicted condition's only: it names the preemptor.
+    evicted = project(decoded(BASES[5]), WORKLOAD_FIELDS)
+    assert [c["type"] for c in evicted["status"]["conditions"] if "message" in c] == ["Evicted"]
+    w, _ = parse_workload(evicted)
+    assert w is not None and w.preempted_for == "p-uid"
     # Only a status with nothing the controller reads: still there (a patch tests its absence).
     assert project(_with_everything(BASES[0]), WORKLOAD_FIELDS)["status"] == {}
 

@@ -265,6 +265,35 @@ def test_owners_of_integrated_kinds_are_read_for_their_annotations() -> None:
     assert not snap.problems
 
 
+def test_the_preemptor_is_read_from_the_evicted_condition() -> None:
+    from controller.parse import parse_workload
+
+    def evicted(status: str, reason: str, message: object) -> str:
+        obj = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+            "metadata": {"name": "w", "namespace": "ns", "uid": "u",
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"queueName": "q", "podSets": [{"name": "main", "count": 1, "template": {
+                "spec": {"containers": [{"name": "c"}]}}}]},
+            "status": {"conditions": [
+                {"type": "Evicted", "status": status, "reason": reason, "message": message,
+                 "lastTransitionTime": "2026-01-01T01:00:00Z"}]},
+        }
+        w, _ = parse_workload(obj)
+        assert w is not None
+        return w.preempted_for
+
+    kueue = ("Preempted to accommodate a workload (UID: 1b2c-3d, JobUID: 9f) due to "
+             "prioritization in the ClusterQueue; preemptor path: /cq; preemptee path: /cq")
+    assert evicted("True", "Preempted", kueue) == "1b2c-3d"
+    assert evicted("True", "Preempted", "Preempted to accommodate a workload (UID: 7a) due "
+                   "to reclamation within the cohort") == "7a"  # older Kueue: no JobUID
+    assert evicted("True", "Preempted", kueue.replace("1b2c-3d", "UNKNOWN")) == ""
+    assert evicted("False", "QuotaReserved", "Previously: " + kueue) == ""  # admitted again
+    assert evicted("True", "PodsReadyTimeout", kueue) == ""
+    assert evicted("True", "Preempted", None) == evicted("True", "Preempted", 3) == ""
+
+
 def test_reservation_and_preemption_times_are_read_from_conditions() -> None:
     from controller.parse import parse_workload
 

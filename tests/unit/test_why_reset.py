@@ -326,3 +326,11 @@ def test_why_says_a_workload_is_reclaimable_or_was_reclaimed(api: FakeApi) -> No
         " reclaimed-for=team-b")}))
     r = why(api, "team-a", "taken", now=NOW)
     assert any("for waiting work of team(s) team-b (a reclaim)" in a for a in r.advice)
+
+
+def test_why_says_a_workload_is_held_behind_the_one_kueue_is_taking_quota_for(
+        api: FakeApi) -> None:
+    put(api, workload("second", ann={"wdrf.x-k8s.io/priority-terms": TERMS + " behind=first"}))
+    r = why(api, "team-a", "second", now=NOW)
+    assert any("Kueue is taking quota for first of the same team and class" in a
+               for a in r.advice), r.advice
