@@ -1131,6 +1131,10 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
 _PREEMPTED_FOR = attrgetter("preempted_for")
 
 
+def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
 def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
                            settings: PolicySettings) -> None:
     """A pending Workload that Kueue evicted another for (`Workload.preempted_for`) is its
@@ -1141,18 +1145,31 @@ def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
     target if lower: it may be admitted with either): raised past it, that Workload would
     preempt it the moment it is admitted and take its place - a swap inside one team that
     serves no one. The held Workload's terms say `behind=<the preemptor's name>`; it rises
-    once the preemptor carries its own value or is admitted (and guarded). Across teams the
-    values stand: there the order between them is the fairness the plan writes."""
+    once the preemptor carries its own value or is admitted (and guarded). A victim's name
+    goes stale once the named Workload is admitted: evicted again since (its own eviction at
+    or after the victim's), it is an ordinary pending Workload. Across teams the values
+    stand: there the order between them is the fairness the plan writes."""
     if not any(map(_PREEMPTED_FOR, g.workloads)):
         return
-    # (its victim's pool only: Kueue preempts within a cohort, and a pool is planned alone)
-    named = {(m.pool, m.workload.preempted_for) for m in (*acc.admitted, *acc.pending)
-             if m.workload.evicted and m.workload.preempted_for}
+    # When each named one's victim was evicted for it, in the victim's pool only (Kueue
+    # preempts within a cohort, and a pool is planned alone).
+    named: dict[tuple[str, str], datetime | None] = {}
+    for m in (*acc.admitted, *acc.pending):
+        w = m.workload
+        if w.evicted and w.preempted_for:
+            key, when = (m.pool, w.preempted_for), w.last_eviction
+            named[key] = when if key not in named else _latest(named[key], when)
     heads: dict[tuple[str, str, PriorityClass], list[Scored]] = {}
     for s in scored:
         m = s.member
+        w = m.workload
+        if (m.pool, w.uid) not in named:
+            continue
+        when = named[(m.pool, w.uid)]
+        if w.last_eviction is not None and (when is None or w.last_eviction >= when):
+            continue  # admitted and evicted again since: no longer the one Kueue preempted for
         cq = g.queues.get(m.cluster_queue) if m.cluster_queue is not None else None
-        if (m.pool, m.workload.uid) in named and cq is not None \
+        if cq is not None \
                 and cq.queueing_strategy == "BestEffortFIFO" \
                 and cq.preemption.within_cluster_queue != "Never":
             heads.setdefault((cq.name, m.team, s.classified.priority_class), []).append(s)

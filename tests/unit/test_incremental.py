@@ -176,7 +176,7 @@ def step(data: st.DataObject, world: World, last: Any) -> str:
         p = pick(data, waiting)
         world.workloads[w.key] = replace(
             w, evicted=True, preempted_for=p.uid if p is not None else "",
-            preempted_at=world.now, resource_version=world.version())
+            preempted_at=world.now, last_eviction=world.now, resource_version=world.version())
     elif event == "deactivate":
         world.workloads[w.key] = replace(w, active=not w.active, resource_version=world.version())
     elif event == "job" and world.jobs:

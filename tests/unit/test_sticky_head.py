@@ -11,6 +11,7 @@ other first in the team's order and gave it the higher fairness level. On the re
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
@@ -43,9 +44,12 @@ def queue(within: str = "LowerPriority", strategy: str = "BestEffortFIFO") -> Cl
 
 
 def victim_of(preemptor: Workload | None) -> Workload:
-    """Team b's admitted Workload that Kueue evicted for `preemptor` (its pods are stopping)."""
+    """Team b's admitted Workload that Kueue evicted for `preemptor` 5 s ago (its pods are
+    stopping)."""
     w = wl("h-victim", "team-b", wait=600, admitted=True)
-    return replace(w, evicted=True, preempted_for=preemptor.uid if preemptor else "")
+    return replace(w, evicted=True, preempted_for=preemptor.uid if preemptor else "",
+                   preempted_at=NOW - timedelta(seconds=5),
+                   last_eviction=NOW - timedelta(seconds=5))
 
 
 def current(w: Workload) -> int:
@@ -125,3 +129,23 @@ def test_nothing_is_held_where_the_head_cannot_be_preempted_after_admission(
 ) -> None:
     snap, unnamed, _x = the_case("z-head", ["a-new"], False, queue(within, strategy))
     assert compute_plan(snap, S, NOW).decisions == compute_plan(unnamed, S, NOW).decisions
+
+
+@pytest.mark.parametrize(("evicted_ago", "held"), [
+    (60.0, True),  # requeued before Kueue preempted for it: still the one it preempts for
+    (5.0, False),  # evicted in the victim's second or after: admitted since, name stale
+    (1.0, False),
+])
+def test_a_name_goes_stale_once_the_head_was_admitted_and_evicted_again(
+    evicted_ago: float, held: bool,
+) -> None:
+    snap, unnamed, x = the_case("z-head", ["a-new"], False, queue())
+    again = replace(x, last_eviction=NOW - timedelta(seconds=evicted_ago))
+    snap = replace(snap, workloads=tuple(again if w.key == x.key else w
+                                         for w in snap.workloads))
+    unnamed = replace(unnamed, workloads=tuple(again if w.key == x.key else w
+                                               for w in unnamed.workloads))
+    got = pending(compute_plan(snap, S, NOW))["team-a/a-new"]
+    assert got.terms.endswith(" behind=z-head") is held
+    if not held:
+        assert value(got) == value(pending(compute_plan(unnamed, S, NOW))["team-a/a-new"])
