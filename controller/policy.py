@@ -1135,6 +1135,19 @@ def _latest(a: datetime | None, b: datetime | None) -> datetime | None:
     return b if a is None else a if b is None else max(a, b)
 
 
+def _revalued(s: Scored, b: PriorityBreakdown, target: int, levels: int, word: str) -> Scored:
+    """`s` written at `target` instead, its terms ending with `word` (a copy: the memo's
+    Scored stay as scored)."""
+    boost, clamped = _boost(target, b.base)
+    return replace(
+        s, target=target, boost=boost,
+        breakdown=replace(b, priority=target, clamped=b.clamped or clamped),
+        terms=pending_terms(
+            b.priority_class, b.team, b.pool, b.fairness_level, levels, b.fairness_term,
+            iso(b.credited_since or b.queued_since), iso(b.reference), b.base,
+            b.override, target) + s.suffix + word)
+
+
 def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
                            settings: PolicySettings) -> None:
     """A pending Workload that Kueue evicted another for (`Workload.preempted_for`) is its
@@ -1188,15 +1201,7 @@ def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
         cap, name = min(ahead)
         if s.target <= cap:
             continue
-        boost, clamped = _boost(cap, b.base)
-        # (a copy: the memo's Scored stay as scored)
-        scored[i] = replace(
-            s, target=cap, boost=boost,
-            breakdown=replace(b, priority=cap, clamped=b.clamped or clamped),
-            terms=pending_terms(
-                b.priority_class, b.team, b.pool, b.fairness_level, levels, b.fairness_term,
-                iso(b.credited_since or b.queued_since), iso(b.reference), b.base,
-                b.override, cap) + s.suffix + f" behind={name}")
+        scored[i] = _revalued(s, b, cap, levels, f" behind={name}")
 
 
 def _most_kept(fresh: list[OrderKey], now: Mapping[int, OrderKey]) -> set[int]:
@@ -1585,16 +1590,7 @@ def nudge_takers(scored: list[Scored], victims: Mapping[str, Victim],
         teams = sorted({v.team for v in mine if v.allowed(s)})
         if not teams:
             continue
-        target = s.target + 1
-        boost, clamped = _boost(target, b.base)
-        # (a copy: the memo's Scored stay as scored)
-        scored[i] = replace(
-            s, target=target, boost=boost,
-            breakdown=replace(b, priority=target, clamped=b.clamped or clamped),
-            terms=pending_terms(
-                b.priority_class, b.team, b.pool, b.fairness_level, levels, b.fairness_term,
-                iso(b.credited_since or b.queued_since), iso(b.reference), b.base,
-                b.override, target) + s.suffix + f" preempts={','.join(teams)}")
+        scored[i] = _revalued(s, b, s.target + 1, levels, f" preempts={','.join(teams)}")
 
 
 Ranked = Mapping[str, list[tuple[int, Scored]]]
