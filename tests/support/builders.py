@@ -261,6 +261,12 @@ def settings(**changes: Any) -> Settings:
     return with_overrides(Settings(), **changes)
 
 
+def carried(w: Workload) -> int:
+    """The effective priority `w` carries now: its spec.priority plus Kueue's boost annotation
+    (boost mode)."""
+    return (w.priority or 0) + int(w.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0"))
+
+
 def written(snap: ClusterSnapshot, plan: Plan, *, boost: bool) -> ClusterSnapshot:
     """The snapshot once the live controller applied `plan`: the terms annotation, and in
     boost mode the boost annotation, else spec.priority where the Workload had none."""

@@ -37,7 +37,7 @@ from controller.domain import (
 from controller.encoding import exposed_terms, formula_value, guard_terms, reference
 from controller.plan import Plan, WorkloadDecision, lowers_admitted_value
 from controller.policy import compute_plan
-from tests.support.builders import NOW, evicted_while_admitted, snapshot, wl, written
+from tests.support.builders import NOW, carried, evicted_while_admitted, snapshot, wl, written
 from tests.support.builders import settings as make_settings
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -267,7 +267,7 @@ def effective(plan: Plan, w: Workload) -> int:
     d = next((d for d in plan.decisions if d.key == w.key), None)
     if d is not None:
         return d.target_priority
-    return (w.priority or 0) + int(w.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0"))
+    return carried(w)
 
 
 def with_current(w: Workload, current: int) -> Workload:
@@ -354,8 +354,7 @@ def test_no_pending_workload_can_preempt_an_admitted_one_of_its_class(
                 cls is PriorityClass.NORMAL and pcls is PriorityClass.APPROVED
                 and not s.approved_preempts_normal)
             if protected:
-                old = (p.priority or 0) + int(p.annotations.get(
-                    KUEUE_PRIORITY_BOOST_ANNOTATION, "0"))
+                old = carried(p)
                 if lowers_admitted_value(d, p.annotations.get(PRIORITY_TERMS_ANNOTATION)):
                     old = d.target_priority  # lowered before any guard is written
                 assert max(d.target_priority, old) < after[a.key], (p.key, a.key)

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 from controller.domain import (
     GPU,
-    KUEUE_PRIORITY_BOOST_ANNOTATION,
     ClusterQueue,
     ClusterSnapshot,
     KueueApiVersion,
@@ -30,7 +29,7 @@ from controller.domain import (
 )
 from controller.plan import Plan, WorkloadDecision
 from controller.policy import compute_plan
-from tests.support.builders import NOW, snapshot, wl, written
+from tests.support.builders import NOW, carried, snapshot, wl, written
 from tests.support.builders import settings as make_settings
 
 S = make_settings()
@@ -50,10 +49,6 @@ def victim_of(preemptor: Workload | None) -> Workload:
     return replace(w, evicted=True, preempted_for=preemptor.uid if preemptor else "",
                    preempted_at=NOW - timedelta(seconds=5),
                    last_eviction=NOW - timedelta(seconds=5))
-
-
-def current(w: Workload) -> int:
-    return (w.priority or 0) + int(w.annotations.get(KUEUE_PRIORITY_BOOST_ANNOTATION, "0"))
 
 
 def pending(plan: Plan) -> dict[str, WorkloadDecision]:
@@ -91,7 +86,7 @@ def test_no_workload_of_the_heads_team_and_class_is_written_above_it(
     snap, unnamed, x = the_case(head, others, head_written, queue())
     got, before = pending(compute_plan(snap, S, NOW)), pending(compute_plan(unnamed, S, NOW))
     mine = got[x.key]
-    cap = min(current(x), mine.target_priority)
+    cap = min(carried(x), mine.target_priority)
     for n in others:
         d = got[f"team-a/{n}"]
         assert d.target_priority <= cap, (n, d.terms, cap)
