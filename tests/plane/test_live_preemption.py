@@ -27,6 +27,7 @@ from kubernetes import client as k8s
 
 from controller.domain import (
     APPROVED_ANNOTATION,
+    PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
 )
 from controller.workload import effective_priority, terms_of
@@ -53,6 +54,21 @@ def _kueue_preemptions(api: k8s.ApiClient, namespaces: list[str]) -> list[tuple[
             assert m, e.get("message")
             for _ in range(int(e.get("count") or 1)):
                 out.append((f"{ns}/{e['involvedObject']['name']}", m.group(1), m.group(2)))
+    return out
+
+
+def _queue_view(api: k8s.ApiClient, keys: dict[str, str]) -> list[tuple[Any, ...]]:
+    """What Kueue orders pending Workloads by, per Workload: effective priority, creation time,
+    last eviction time and message, whether it holds quota, and the controller's terms."""
+    out = []
+    for key, ns in sorted(keys.items()):
+        wl = kube.get_workload(api, ns, key.split("/", 1)[1])
+        evicted = [c for c in (wl.get("status") or {}).get("conditions", [])
+                   if c["type"] == "Evicted" and c["status"] == "True"]
+        out.append((key, effective_priority(wl), wl["metadata"]["creationTimestamp"],
+                    [(c["lastTransitionTime"], c.get("message", "")[:90]) for c in evicted],
+                    kube.has_condition(wl, "QuotaReserved"),
+                    (wl["metadata"].get("annotations") or {}).get(PRIORITY_TERMS_ANNOTATION)))
     return out
 
 
@@ -134,8 +150,14 @@ def test_no_same_class_preemption_urgent_preempts_and_no_ping_pong(
             candidates = {k: k.split("/")[0] for k in key_of.values()
                           if k.startswith(teams[1] + "/") and k not in running}
             assert head.key in candidates and running, (head.key, running)
+            before = _queue_view(api, candidates)
             h.release(api, *running[0].split("/"))
-            assert h.next_admitted(api, candidates) == head.key
+            got = h.next_admitted(api, candidates)
+            assert got == head.key, (
+                f"Kueue admitted {got}, the plan's head is {head.key}; the plan: "
+                f"{[(d.key, d.rank, d.target_priority) for d in h.planned_in(report, cqs[1])]}; "
+                f"Kueue's view before the release: {before}; after: "
+                f"{_queue_view(api, candidates)}")
     finally:
         h.cleanup(api, teams, cqs)
 
