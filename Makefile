@@ -125,10 +125,11 @@ soak: venv tools
 # The planner compiled with mypyc (optional; tools/compile.py, docs/policy.md "Performance"):
 # C extensions beside the sources in controller/, which Python imports instead of the .py
 # files until `make pure` removes them. Needs gcc and the Python headers. Pure Python stays
-# the default: `make venv`, the test suite and the image use it; `make test` then builds it
-# once to compare it with pure Python (`test-compiled`). `make bench-compiled` times both builds
-# in alternating fresh processes and checks their plans are the same; with a build in place
-# the unit tests compare the two as well (tests/unit/test_compiled.py).
+# the source tree's default: `make venv` and the test suite use it; `make test` then builds it
+# once to compare it with pure Python (`test-compiled`). The image builds its own (Dockerfile,
+# COMPILED=true by default; tests/plane/test_image.py checks it). `make bench-compiled` times
+# both builds in alternating fresh processes and checks their plans are the same; with a build
+# in place the unit tests compare the two as well (tests/unit/test_compiled.py).
 .PHONY: compiled pure bench-compiled
 compiled: venv
 	$(PY) tools/compile.py

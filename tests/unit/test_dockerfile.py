@@ -131,6 +131,21 @@ def test_entrypoint_is_python_m_controller(stages: list[Stage]) -> None:
     assert not stages[-1].all("CMD") or json.loads(stages[-1].all("CMD")[0])
 
 
+def test_the_planner_is_compiled_with_the_dev_locks_mypy(stages: list[Stage]) -> None:
+    """By default the build stage compiles the planner (tools/compile.py) with mypy and what it
+    needs at requirements-dev.lock's pins: each package it picks from that lock is pinned
+    there. The image itself is built and checked by tests/plane/test_image.py."""
+    build = stages[0]
+    assert "COMPILED=true" in build.all("ARG")
+    runs = " ".join(build.all("RUN"))
+    assert "tools/compile.py" in runs
+    (picked,) = re.findall(r"grep -E '\^\(([^)]*)\)=='\s+requirements-dev\.lock", runs)
+    lock = (ROOT / "requirements-dev.lock").read_text(encoding="utf-8").split()
+    pinned = {x.split("==")[0] for x in lock if "==" in x}
+    names = picked.split("|")
+    assert "mypy" in names and set(names) <= pinned, set(names) - pinned
+
+
 def _ignored(path: str, patterns: list[str]) -> bool:
     """.dockerignore semantics, enough for this file: last matching pattern wins; a pattern
     matches a path or any of its parent folders."""
@@ -167,8 +182,10 @@ def test_dockerignore_keeps_what_is_copied_and_drops_the_rest(stages: list[Stage
         for f in files:
             rel = f.relative_to(ROOT).as_posix()
             assert not _ignored(rel, patterns), f"{rel} is copied but .dockerignore drops it"
+    # a compiled build in the tree (make compiled) too: the image compiles its own
     for never in (".venv/bin/python", ".git/config", "tools/bin/kube-apiserver", "tests/x.py",
-                  "evaluation/kueue.py", "bench/trace_eval.py"):
+                  "evaluation/kueue.py", "bench/trace_eval.py", "controller/.compiled-sources",
+                  "controller/policy.cpython-311-x86_64-linux-gnu.so"):
         assert _ignored(never, patterns), never
 
 
