@@ -5,7 +5,9 @@
 * Priority writes go in the order Kueue will use them (`controller.plan.head_first`), at most
   WRITE_BUDGET per cycle; the rest wait for the next cycle (re-planned then). Within one
   ClusterQueue pending Workloads' writes land in that order, one after another (`pending_queue`);
-  ClusterQueues are written side by side.
+  ClusterQueues are written side by side. In a pool where quota was released a moment ago
+  pending Workloads' writes wait until Kueue has requeued its parked Workloads
+  (`controller.live.requeue`): written meanwhile, one would take the quota ahead of the head.
 * A pending Workload that still carries a value written while it was admitted (a guard or
   an exposure: Kueue evicted it since) is lowered first, and those writes finish before any
   other priority write: the plan counted it at its new value only (`policy.threat_value`).
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from controller.live.apply import APPLIED, DEFERRED, NOOP, Applier, ApplyReport, Outcome
 from controller.live.diff import PRIORITY, Change, Diff
@@ -86,10 +88,14 @@ class CycleWriter:
         self.budget = budget  # priority writes per cycle at most (WRITE_BUDGET)
         self._stopping = stopping
         self._unconverged_since: dict[str, float] = {}  # ClusterQueue -> monotonic time
+        self.waited = 0  # the last cycle's writes held until Kueue requeues released quota
 
-    def write(self, plan: Plan, diff: Diff, workloads: Mapping[str, WorkloadInfo]) -> ApplyReport:
+    def write(self, plan: Plan, diff: Diff, workloads: Mapping[str, WorkloadInfo],
+              releasing: Collection[str] = ()) -> ApplyReport:
         """Send one plan's changes; the report has an outcome for every change (DEFERRED for
-        those over the budget or held behind a guard that did not land)."""
+        those over the budget, held behind a guard that did not land, or held in a pool
+        where quota was just released: `releasing` names those ClusterQueues, see
+        `controller.live.requeue`)."""
         hami = [c for c in diff.changes if c.what != PRIORITY]
         prio = order_writes([c for c in diff.changes if c.what == PRIORITY], plan)
         self._track_convergence(plan, prio)
@@ -109,8 +115,16 @@ class CycleWriter:
         if held:
             log.warning("%d priority write(s) held for the next cycle: a lowering, guard or "
                         "exposure in their pool did not land", len(held))
-            for c in held:
-                self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
+        settling = {pool_of(d) for d in plan.decisions if d.cluster_queue in releasing}
+        waiting = [c for c in raises if pool_of(c.decision) in settling]
+        self.waited = len(waiting)
+        if waiting:
+            log.info("%d pending Workloads' write(s) wait until Kueue has requeued the quota "
+                     "just released in %s", len(waiting), ", ".join(sorted(settling)))
+            raises = [c for c in raises if pool_of(c.decision) not in settling]
+            held += waiting
+        for c in held:
+            self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
         report = ApplyReport(
             self.applier.apply(hami, after).outcomes + first
             + self.applier.apply(raises, after, chain=pending_queue).outcomes
