@@ -89,6 +89,7 @@ class CycleWriter:
         self._stopping = stopping
         self._unconverged_since: dict[str, float] = {}  # ClusterQueue -> monotonic time
         self.waited = 0  # the last cycle's writes held until Kueue requeues released quota
+        self._waited_pools: set[str] = set()  # the pools they were in
 
     def write(self, plan: Plan, diff: Diff, workloads: Mapping[str, WorkloadInfo],
               releasing: Collection[str] = ()) -> ApplyReport:
@@ -115,9 +116,13 @@ class CycleWriter:
         if held:
             log.warning("%d priority write(s) held for the next cycle: a lowering, guard or "
                         "exposure in their pool did not land", len(held))
-        settling = {pool_of(d) for d in plan.decisions if d.cluster_queue in releasing}
+        # A pool waits one window at most: where Workloads finish every second a new window
+        # opens as the last closes, and its writes would wait forever.
+        settling = {pool_of(d) for d in plan.decisions
+                    if d.cluster_queue in releasing} - self._waited_pools
         waiting = [c for c in raises if pool_of(c.decision) in settling]
         self.waited = len(waiting)
+        self._waited_pools = {pool_of(c.decision) for c in waiting}
         if waiting:
             log.info("%d pending Workloads' write(s) wait until Kueue has requeued the quota "
                      "just released in %s", len(waiting), ", ".join(sorted(settling)))

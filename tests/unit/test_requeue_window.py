@@ -52,7 +52,7 @@ def test_the_window_opens_at_the_first_release_and_closes_a_period_later() -> No
     assert ReleaseWindows(window=0.0).open() == {}
 
 
-def test_pending_writes_of_a_pool_with_a_release_wait_guards_and_other_pools_do_not() -> None:
+def test_pending_writes_of_a_pool_with_a_release_wait_once_guards_and_other_pools_not() -> None:
     api = FakeApi()
     plan_decisions = [dec("a0", "a", 0, target=10, pool="p"), dec("a1", "a", 1, target=9,
                                                                   pool="p"),
@@ -78,7 +78,8 @@ def test_pending_writes_of_a_pool_with_a_release_wait_guards_and_other_pools_do_
     assert result == {"a0": DEFERRED, "a1": DEFERRED, "b0": DEFERRED, "c0": APPLIED,
                       "g": APPLIED}
     assert writer.waited == 3
-    report = writer.write(plan, Diff(tuple(changes)), {})
+    # still releasing in the next cycle (Workloads finish every second): they wait no more
+    report = writer.write(plan, Diff(tuple(changes)), {}, releasing={"b"})
     assert writer.waited == 0
     result = {o.change.decision.key: o.result for o in report.outcomes}
     assert [result[k] for k in ("a0", "a1", "b0")] == [APPLIED] * 3  # written once it closed
