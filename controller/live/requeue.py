@@ -21,7 +21,7 @@ from typing import Any
 from controller.workload import is_quota_reserved
 
 # Kueue's requeue batch period (v0.19: 1 s), plus room for its requeue and scheduling pass
-# to run before our writes land.
+# to run before our writes land (the KUEUE_REQUEUE_WINDOW setting's default).
 REQUEUE_WINDOW = 1.5
 
 

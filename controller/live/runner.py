@@ -222,7 +222,7 @@ class LiveController:
         self.cycle_writer = CycleWriter(self.applier, self.events, self.metrics,
                                         settings.write_budget, self.stop_event.is_set)
         self.trigger = threading.Event()
-        self.releases = ReleaseWindows()
+        self.releases = ReleaseWindows(settings.requeue_window)
         self._watch_timeout = watch_timeout
         self._threads: list[threading.Thread] = []
         self._warned: set[str] = set()

@@ -4,8 +4,10 @@ writes would hand the released quota to the Workload written, and the writer's h
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from controller.config import load_settings
 from controller.live.api import WORKLOADS
 from controller.live.apply import APPLIED, DEFERRED, Applier
 from controller.live.diff import Diff, diff_priority
@@ -16,6 +18,8 @@ from controller.live.writer import CycleWriter
 from controller.plan import Plan, PriorityMode
 from tests.support.fake import FakeApi
 from tests.unit.test_write_order import dec
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def wl(cq: str | None, reserved: bool) -> dict[str, Any]:
@@ -49,7 +53,15 @@ def test_the_window_opens_at_the_first_release_and_closes_a_period_later() -> No
     assert w.open() == {"b": 102.5}
     t[0] = 103.0
     assert w.open() == {}
-    assert ReleaseWindows(window=0.0).open() == {}
+    off = ReleaseWindows(window=0.0, clock=lambda: t[0])  # KUEUE_REQUEUE_WINDOW: 0
+    off.observe("Workload", wl("a", True), None)
+    assert off.open() == {}
+
+
+def test_the_setting_sets_the_window() -> None:
+    assert load_settings(REPO / "config.yaml", env={}).requeue_window == 1.5
+    s = load_settings(REPO / "config.yaml", env={"KUEUE_REQUEUE_WINDOW": "10.5s"})
+    assert s.requeue_window == 10.5
 
 
 def test_pending_writes_of_a_pool_with_a_release_wait_once_guards_and_other_pools_not() -> None:
