@@ -44,7 +44,7 @@ from controller.plan import (
     pool_of,
     positions_right,
 )
-from controller.workload import WorkloadInfo
+from controller.workload import Terms, WorkloadInfo
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,18 @@ def pending_queue(change: Change) -> str | None:
     deeper one: within one ClusterQueue the writes land in the plan's order."""
     d = change.decision
     return None if d.admitted or d.cluster_queue is None else d.cluster_queue
+
+
+def within_class(change: Change) -> bool:
+    """A pending write that moves a Workload within the class it already carries a value of.
+    Only such writes wait for Kueue's requeue: a new Workload's first value or a class
+    change held back would let lower-class work be admitted ahead of it meanwhile, to be
+    preempted once the value lands."""
+    b = change.decision.breakdown
+    if b is None or not change.old_terms:
+        return False
+    old = Terms.parse(change.old_terms)
+    return old.get("class") == b.priority_class.value and old.get("state") is None
 
 
 def is_lowering(change: Change) -> bool:
@@ -120,13 +132,14 @@ class CycleWriter:
         # opens as the last closes, and its writes would wait forever.
         settling = {pool_of(d) for d in plan.decisions
                     if d.cluster_queue in releasing} - self._waited_pools
-        waiting = [c for c in raises if pool_of(c.decision) in settling]
+        waiting = [c for c in raises if pool_of(c.decision) in settling and within_class(c)]
         self.waited = len(waiting)
         self._waited_pools = {pool_of(c.decision) for c in waiting}
         if waiting:
             log.info("%d pending Workloads' write(s) wait until Kueue has requeued the quota "
                      "just released in %s", len(waiting), ", ".join(sorted(settling)))
-            raises = [c for c in raises if pool_of(c.decision) not in settling]
+            held_now = set(map(id, waiting))
+            raises = [c for c in raises if id(c) not in held_now]
             held += waiting
         for c in held:
             self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()

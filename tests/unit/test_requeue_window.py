@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.config import load_settings
+from controller.domain import PRIORITY_TERMS_ANNOTATION
 from controller.live.api import WORKLOADS
 from controller.live.apply import APPLIED, DEFERRED, Applier
 from controller.live.diff import Diff, diff_priority
@@ -70,12 +71,15 @@ def test_pending_writes_of_a_pool_with_a_release_wait_once_guards_and_other_pool
                                                                   pool="p"),
                       dec("b0", "b", 0, target=10, pool="p"),
                       dec("c0", "c", 0, target=10, pool="q"),
+                      dec("n0", "a", 2, target=8, pool="p"),
                       dec("g", "a", 0, admitted=True, target=50, pool="p")]
+    valued = {PRIORITY_TERMS_ANNOTATION: "v2 class=normal team=t pool=p priority=1"}
     changes = []
     for d in plan_decisions:
         name = d.key
-        obj = api.put_object(WORKLOADS.item(name, "ns"), {
-            "metadata": {"name": name, "namespace": "ns"}, "spec": {"priority": 0}})
+        meta = {"name": name, "namespace": "ns", "annotations": {} if name == "n0" else valued}
+        obj = api.put_object(WORKLOADS.item(name, "ns"), {"metadata": meta,
+                                                          "spec": {"priority": 0}})
         c = diff_priority(d, obj, WORKLOADS, PriorityMode.SPEC)
         assert c is not None
         changes.append(c)
@@ -86,9 +90,10 @@ def test_pending_writes_of_a_pool_with_a_release_wait_once_guards_and_other_pool
     plan = Plan(now=datetime(2026, 1, 5, tzinfo=UTC), decisions=tuple(plan_decisions))
     report = writer.write(plan, Diff(tuple(changes)), {}, releasing={"b"})
     result = {o.change.decision.key: o.result for o in report.outcomes}
-    # b's release frees quota for its cohort: a's pending Workloads wait too; the guard goes
+    # b's release frees quota for its cohort: a's pending Workloads wait too; the guard goes,
+    # and so does n0's first value (held, lower-class work could pass it and be preempted)
     assert result == {"a0": DEFERRED, "a1": DEFERRED, "b0": DEFERRED, "c0": APPLIED,
-                      "g": APPLIED}
+                      "n0": APPLIED, "g": APPLIED}
     assert writer.waited == 3
     # still releasing in the next cycle (Workloads finish every second): they wait no more
     report = writer.write(plan, Diff(tuple(changes)), {}, releasing={"b"})
