@@ -806,7 +806,8 @@ class LiveSettings:
     client_burst: int = setting("CLIENT_BURST", 100, p_pos_int, "request burst above CLIENT_QPS")
     requeue_window: float = setting(
         "KUEUE_REQUEUE_WINDOW", 1.5, p_duration,
-        "after quota is released in a pool, its pending Workloads' writes wait this long, once "
+        "after quota is released in a pool, re-valuations of its pending Workloads within their "
+        "class wait this long, once "
         "(Kueue's batched requeue: 1s; 10s with its SchedulerLongRequeueInterval gate; 0: off)",
     )
     cache_max_staleness: float = setting(
