@@ -804,12 +804,6 @@ class LiveSettings:
     )
     client_qps: float = setting("CLIENT_QPS", 50.0, p_pos_float, "apiserver requests/s")
     client_burst: int = setting("CLIENT_BURST", 100, p_pos_int, "request burst above CLIENT_QPS")
-    requeue_window: float = setting(
-        "KUEUE_REQUEUE_WINDOW", 1.5, p_duration,
-        "after quota is released in a pool, re-valuations of its pending Workloads within their "
-        "class wait this long, once "
-        "(Kueue's batched requeue: 1s; 10s with its SchedulerLongRequeueInterval gate; 0: off)",
-    )
     cache_max_staleness: float = setting(
         "CACHE_MAX_STALENESS", 120.0, p_duration,
         "not ready and no writes while the Workload/ClusterQueue cache is older than this",

@@ -79,7 +79,6 @@ from controller.live.history import HistoryStore
 from controller.live.leader import LeaderElector, default_identity
 from controller.live.metrics import HttpServer, Metrics
 from controller.live.owners import served_owner_resources
-from controller.live.requeue import ReleaseWindows
 from controller.live.secure_metrics import SecureMetricsServer, TokenAuthorizer, tls_context
 from controller.live.snapshot import (
     Built,
@@ -222,7 +221,6 @@ class LiveController:
         self.cycle_writer = CycleWriter(self.applier, self.events, self.metrics,
                                         settings.write_budget, self.stop_event.is_set)
         self.trigger = threading.Event()
-        self.releases = ReleaseWindows(settings.requeue_window)
         self._watch_timeout = watch_timeout
         self._threads: list[threading.Thread] = []
         self._warned: set[str] = set()
@@ -320,7 +318,6 @@ class LiveController:
         return served_owner_resources(self.manager_reader)
 
     def _on_event(self, kind: str, old: object, new: object) -> None:
-        self.releases.observe(kind, old, new)  # type: ignore[arg-type]
         jobs = self.informers.get("jobs")
         lookup = jobs.get if jobs is not None else (lambda _key: None)
         if needs_prompt_cycle(kind, old, new, lookup):  # type: ignore[arg-type]
@@ -522,8 +519,7 @@ class LiveController:
     def _write(self, plan: Plan, built: Built, report: CycleReport) -> None:
         diff = self.diff(plan, built)
         report.changes, report.notices = list(diff.changes), list(diff.notices)
-        report.applied = self.cycle_writer.write(plan, diff, built.infos,
-                                                 releasing=self.releases.open())
+        report.applied = self.cycle_writer.write(plan, diff, built.infos)
         if self.history is not None and not self.dry_run:
             self.history_store.save(self.history)
         self._report_invalid_history()
@@ -614,9 +610,6 @@ class LiveController:
             last_end = time.monotonic()
             # A cycle longer than LOOP_INTERVAL still leaves a pause before the next one.
             deadline = max(started + self.settings.loop_interval, last_end + MIN_TRIGGER_GAP)
-            windows = self.releases.open() if self.cycle_writer.waited else {}
-            if windows:  # writes wait for Kueue's requeue: write them once it is done
-                deadline = min(deadline, max(min(windows.values()), last_end + MIN_TRIGGER_GAP))
             while not self.stop_event.is_set():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -3,11 +3,7 @@
 * HAMi (Job template) writes go first: a template change can make Kueue rebuild a Workload's
   spec; the priority written after it then sticks.
 * Priority writes go in the order Kueue will use them (`controller.plan.head_first`), at most
-  WRITE_BUDGET per cycle; the rest wait for the next cycle (re-planned then). Within one
-  ClusterQueue pending Workloads' writes land in that order, one after another (`pending_queue`);
-  ClusterQueues are written side by side. In a pool where quota was released a moment ago
-  pending Workloads' writes wait until Kueue has requeued its parked Workloads
-  (`controller.live.requeue`): written meanwhile, one would take the quota ahead of the head.
+  WRITE_BUDGET per cycle; the rest wait for the next cycle (re-planned then).
 * A pending Workload that still carries a value written while it was admitted (a guard or
   an exposure: Kueue evicted it since) is lowered first, and those writes finish before any
   other priority write: the plan counted it at its new value only (`policy.threat_value`).
@@ -27,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 
 from controller.live.apply import APPLIED, DEFERRED, NOOP, Applier, ApplyReport, Outcome
 from controller.live.diff import PRIORITY, Change, Diff
@@ -44,7 +40,7 @@ from controller.plan import (
     pool_of,
     positions_right,
 )
-from controller.workload import Terms, WorkloadInfo
+from controller.workload import WorkloadInfo
 
 log = logging.getLogger(__name__)
 
@@ -58,27 +54,6 @@ def order_writes(changes: list[Change], plan: Plan) -> list[Change]:
     if not lowerings:
         return ordered
     return lowerings + [c for c in ordered if not is_lowering(c)]
-
-
-def pending_queue(change: Change) -> str | None:
-    """The chain a pending Workload's write goes in: its ClusterQueue's. Kueue moves a
-    Workload whose value changed out of its parked ones and tries it at once, so if a deeper
-    position's write landed before the head's while quota is free, Kueue would admit the
-    deeper one: within one ClusterQueue the writes land in the plan's order."""
-    d = change.decision
-    return None if d.admitted or d.cluster_queue is None else d.cluster_queue
-
-
-def within_class(change: Change) -> bool:
-    """A pending write that moves a Workload within the class it already carries a value of.
-    Only such writes wait for Kueue's requeue: a new Workload's first value or a class
-    change held back would let lower-class work be admitted ahead of it meanwhile, to be
-    preempted once the value lands."""
-    b = change.decision.breakdown
-    if b is None or not change.old_terms:
-        return False
-    old = Terms.parse(change.old_terms)
-    return old.get("class") == b.priority_class.value and old.get("state") is None
 
 
 def is_lowering(change: Change) -> bool:
@@ -100,15 +75,10 @@ class CycleWriter:
         self.budget = budget  # priority writes per cycle at most (WRITE_BUDGET)
         self._stopping = stopping
         self._unconverged_since: dict[str, float] = {}  # ClusterQueue -> monotonic time
-        self.waited = 0  # the last cycle's writes held until Kueue requeues released quota
-        self._waited_pools: set[str] = set()  # the pools they were in
 
-    def write(self, plan: Plan, diff: Diff, workloads: Mapping[str, WorkloadInfo],
-              releasing: Collection[str] = ()) -> ApplyReport:
+    def write(self, plan: Plan, diff: Diff, workloads: Mapping[str, WorkloadInfo]) -> ApplyReport:
         """Send one plan's changes; the report has an outcome for every change (DEFERRED for
-        those over the budget, held behind a guard that did not land, or held in a pool
-        where quota was just released: `releasing` names those ClusterQueues, see
-        `controller.live.requeue`)."""
+        those over the budget or held behind a guard that did not land)."""
         hami = [c for c in diff.changes if c.what != PRIORITY]
         prio = order_writes([c for c in diff.changes if c.what == PRIORITY], plan)
         self._track_convergence(plan, prio)
@@ -128,24 +98,11 @@ class CycleWriter:
         if held:
             log.warning("%d priority write(s) held for the next cycle: a lowering, guard or "
                         "exposure in their pool did not land", len(held))
-        # A pool waits one window at most: where Workloads finish every second a new window
-        # opens as the last closes, and its writes would wait forever.
-        settling = {pool_of(d) for d in plan.decisions
-                    if d.cluster_queue in releasing} - self._waited_pools
-        waiting = [c for c in raises if pool_of(c.decision) in settling and within_class(c)]
-        self.waited = len(waiting)
-        self._waited_pools = {pool_of(c.decision) for c in waiting}
-        if waiting:
-            log.info("%d pending Workloads' write(s) wait until Kueue has requeued the quota "
-                     "just released in %s", len(waiting), ", ".join(sorted(settling)))
-            held_now = set(map(id, waiting))
-            raises = [c for c in raises if id(c) not in held_now]
-            held += waiting
-        for c in held:
-            self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
+            for c in held:
+                self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
         report = ApplyReport(
             self.applier.apply(hami, after).outcomes + first
-            + self.applier.apply(raises, after, chain=pending_queue).outcomes
+            + self.applier.apply(raises, after).outcomes
             + [Outcome(c, DEFERRED) for c in [*held, *over]]
         )
         if not self._stopping():
