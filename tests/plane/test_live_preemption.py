@@ -30,7 +30,13 @@ from controller.domain import (
     PRIORITY_TERMS_ANNOTATION,
     URGENT_ANNOTATION,
 )
-from controller.workload import effective_priority, terms_of
+from controller.workload import (
+    annotations_of,
+    condition,
+    condition_true,
+    effective_priority,
+    terms_of,
+)
 from tests.plane import live_helpers as h
 from tests.support import kube
 
@@ -63,12 +69,12 @@ def _queue_view(api: k8s.ApiClient, keys: dict[str, str]) -> list[tuple[Any, ...
     out = []
     for key, ns in sorted(keys.items()):
         wl = kube.get_workload(api, ns, key.split("/", 1)[1])
-        evicted = [c for c in (wl.get("status") or {}).get("conditions", [])
-                   if c["type"] == "Evicted" and c["status"] == "True"]
+        evicted = condition(wl, "Evicted") if condition_true(wl, "Evicted") else None
         out.append((key, effective_priority(wl), wl["metadata"]["creationTimestamp"],
-                    [(c["lastTransitionTime"], c.get("message", "")[:90]) for c in evicted],
+                    evicted and (evicted.get("lastTransitionTime"),
+                                 str(evicted.get("message", ""))[:90]),
                     kube.has_condition(wl, "QuotaReserved"),
-                    (wl["metadata"].get("annotations") or {}).get(PRIORITY_TERMS_ANNOTATION)))
+                    annotations_of(wl).get(PRIORITY_TERMS_ANNOTATION)))
     return out
 
 
