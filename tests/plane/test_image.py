@@ -17,7 +17,6 @@ again when missing, about 90 s).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -26,11 +25,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
 
+from tests.support.builders import compile_tool
 from tests.support.plane import Plane
 
 pytestmark = [pytest.mark.plane, pytest.mark.image]
@@ -143,15 +142,6 @@ def python_in(image: str, code: str, *args: str) -> object:
     r = run_argv(image, "python", "-c", code, *args)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     return json.loads(r.stdout)
-
-
-def compile_tool() -> ModuleType:
-    """tools/compile.py of this tree: the modules it compiles and the stamp of their sources."""
-    spec = importlib.util.spec_from_file_location("compile_tool", ROOT / "tools" / "compile.py")
-    assert spec is not None and spec.loader is not None
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool
 
 
 def test_image_runs_non_root_with_only_the_runtime_deps(image: str) -> None:

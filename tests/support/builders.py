@@ -4,10 +4,13 @@ them."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from controller.config import Settings
@@ -365,3 +368,14 @@ def set_at(obj: Any, path: tuple[Any, ...], value: Any) -> None:
     for p in path[:-1]:
         obj = obj[p]
     obj[path[-1]] = value
+
+
+def compile_tool() -> ModuleType:
+    """This tree's tools/compile.py (not a package): the modules it compiles, the stamp it
+    writes and the hashes of their sources."""
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("compile_tool", root / "tools" / "compile.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool

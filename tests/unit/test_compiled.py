@@ -5,13 +5,14 @@ builds one for them at its end (`make test-compiled`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.builders import compile_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILT = sorted((ROOT / "controller").glob("*.so"))
@@ -29,10 +30,7 @@ def digest(mode: str) -> str:
 def test_the_compiled_build_is_made_from_the_sources() -> None:
     """Python imports a compiled module instead of its source: an edit after the build would
     be silently ignored."""
-    spec = importlib.util.spec_from_file_location("compile_tool", ROOT / "tools" / "compile.py")
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    build = compile_tool()
     assert build.STAMP.exists(), "controller/*.so without a stamp: run make compiled or make pure"
     assert build.STAMP.read_text() == build.source_hashes(), \
         "the compiled build is older than its sources: run make compiled (or make pure)"
