@@ -557,6 +557,8 @@ class Scored:
     previous: int | None = None  # the fairness level the last plan wrote on it
     # `_Demands.scaled` for it, when read while its Workload was read anyway (not an output)
     scaled: tuple[Vector, _Scaled] | None = None
+    # its team's prospective share before it: usage plus the team's Workloads queued ahead
+    before: float = 0.0
 
 
 def kueue_priority(w: Workload, c: Classified) -> int:
@@ -709,7 +711,7 @@ def score_pending(
     (`_team_order_key`) - so freed quota goes to the team with the lowest share first, as DRF
     gives the next task, and admitting one of a team's Workloads leaves the others' values as
     they were (usage grows by what the queue ahead shrinks by). `Scored.share` is the share
-    once this Workload runs too (what reclaim compares)."""
+    once this Workload runs too, `Scored.before` the share before it (what reclaim compares)."""
     mode = requeue_mode(snapshot.requeue_timestamp, settings)
     hami_cache: dict[tuple[object, ...], HamiDecision | None] = {}
     pending = acc.pending
@@ -1011,7 +1013,7 @@ def _score_team(
             v = vec[dim] = vec.get(dim, 0.0) + q
             if cd and v / cd * rw / tw > share:  # (cd is 0.0 where the share ignores dim)
                 share, dominant = v / cd * rw / tw, dim
-        s.demand, s.share = demand, share
+        s.demand, s.share, s.before = demand, share, before
         if w.annotations.get(PRIORITY_TERMS_ANNOTATION):
             previous, taken = _previous(w, pool, team, levels)
         else:
@@ -1146,6 +1148,36 @@ def _revalued(s: Scored, b: PriorityBreakdown, target: int, levels: int, word: s
             b.priority_class, b.team, b.pool, b.fairness_level, levels, b.fairness_term,
             iso(b.credited_since or b.queued_since), iso(b.reference), b.base,
             b.override, target) + s.suffix + word)
+
+
+_SCORED_PREEMPTED_FOR = attrgetter("member.workload.preempted_for")
+
+
+def name_reclaimers(scored: list[Scored], acc: Accounts) -> None:
+    """A victim Kueue preempted while it was exposed says `reclaimed-for=<team>` of the
+    Workload Kueue names as its preemptor (`Workload.preempted_for`) where that Workload is in
+    the snapshot, else the teams its exposure was written for (`_previous`): an exposure is
+    not rewritten only because the teams that may take it changed, so its list can be older
+    than the preemption. Only the first plan after the preemption reads it; the pending terms
+    written then carry the name on."""
+    found = [i for i in compress(range(len(scored)), map(_SCORED_PREEMPTED_FOR, scored))
+             if scored[i].suffix.startswith(" reclaimed-for=")]
+    if not found:
+        return
+    wanted = {scored[i].member.workload.preempted_for for i in found}
+    team_of = {m.workload.uid: m.team for m in (*acc.admitted, *acc.pending)
+               if m.workload.uid in wanted}
+    for i in found:
+        s = scored[i]
+        w = s.member.workload
+        team = team_of.get(w.preempted_for)
+        if team is None or parse_terms(w.annotations.get(PRIORITY_TERMS_ANNOTATION)).get(
+                "state") not in _STATE.values():
+            continue  # (its pending terms already say whom it was reclaimed for)
+        suffix = f" reclaimed-for={team}"
+        if suffix != s.suffix:  # (a copy: the memo's Scored stay as scored)
+            scored[i] = replace(s, suffix=suffix,
+                                terms=s.terms[:len(s.terms) - len(s.suffix)] + suffix)
 
 
 def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
@@ -1366,6 +1398,12 @@ class Victim:
     strict: bool = False
 
 
+# Sizes and usage over entitlement add up shares of a pool's capacity (floats): one GPU in 30,
+# six times, is short of six in 30 (one victim too many), and 1.4 less two tenths is short of
+# a 1.2 margin (one victim too few).
+_EPS = 1e-9
+
+
 def _size(vec: Mapping[str, float], cap: Mapping[str, float]) -> float:
     """The largest fraction of the pool's capacity a vector takes in any dimension."""
     return max((q / cap[d] for d, q in vec.items() if cap.get(d, 0.0) > 0), default=0.0)
@@ -1405,12 +1443,17 @@ class _Exposer:
     * Team-scoped approval: a team's pending approved Workloads may preempt that team's own
       admitted normal Workloads, and no other team's.
     * Reclaim (RECLAIM_ENABLED): a team above (1 + RECLAIM_MARGIN) x its entitlement yields
-      Workloads that ran at least MIN_RUNTIME to pending Workloads of the same class from
-      teams below their entitlement, and only to those that would not end above it.
+      Workloads that ran at least MIN_RUNTIME to pending Workloads of the same class whose
+      team is below its entitlement with the work it has queued ahead of them (progressive
+      filling: a team's next Workload does not count as under-served once the ones before it
+      would lift the team to its entitlement), and only to those that would not end above it.
 
     Victims go most recently started first (the least work lost), only as many as the
     allowed pending Workloads need, and none while those fit in free capacity; reclaim also
-    stops at the pool's budget and before the victim's team falls to its margin."""
+    stops at the pool's budget and before the victim's team falls to its margin. Teams yield
+    in order of how far they are above their entitlement, and what one team's victims cover
+    is not asked of the next: Kueue takes only as many as the taker needs, so more would be
+    exposed only to be guarded again a cycle later."""
 
     def __init__(self, acc: Accounts, settings: PolicySettings, now: datetime,
                  admitted_classes: Mapping[str, Classified]) -> None:
@@ -1487,7 +1530,7 @@ class _Exposer:
 
             for m in self.candidates((h for h in holders if h.team == team),
                                      PriorityClass.NORMAL):
-                if covered >= need:
+                if covered >= need - _EPS:
                     break
                 self.out[m.workload.key] = Victim(exposure, allowed, team, cq, self.strict)
                 covered += _size(admitted_usage(m.workload, self.acc.card_mib), cap)
@@ -1501,33 +1544,40 @@ class _Exposer:
         min_start = self.now.timestamp() - s_.min_runtime
         over = sorted({m.team for m in holders if self.us(pool, m.team) > bar},
                       key=lambda t: (-self.us(pool, t), t))
+        # What the victims chosen so far cover, per class (a share of the pool's capacity).
+        covered_for: dict[PriorityClass, float] = {}
+
+        def under(s: Scored) -> bool:
+            """Its team is below its entitlement now and with its Workloads ahead of it."""
+            return self.us(pool, s.member.team) < 1.0 and s.before * total < 1.0
+
         for team in over:
             us_v = self.us(pool, team)
             for cls in PriorityClass:
                 takers = [s for s in waiting if s.classified.priority_class is cls
-                          and s.member.team != team and self.us(pool, s.member.team) < 1.0
+                          and s.member.team != team and under(s)
                           and s.share * total <= us_v - self.delta(s.demand or {}, pool, team)]
                 if not takers:
                     continue
                 demand = _sum(s.demand or {} for s in takers)
                 if _fits(demand, free):
                     continue
-                need, covered, left = _size(_short(demand, free), cap), 0.0, us_v
+                need, covered, left = _size(_short(demand, free), cap), covered_for.get(
+                    cls, 0.0), us_v
                 for m in self.candidates((h for h in holders if h.team == team), cls):
                     started = m.workload.reserved_since
-                    if covered >= need or self.budget_left(pool) <= 0:
+                    if covered >= need - _EPS or self.budget_left(pool) <= 0:
                         break
                     if started is None or started.timestamp() > min_start:
                         continue
                     held = admitted_usage(m.workload, self.acc.card_mib)
-                    if left - self.delta(held, pool, team) < bar:
+                    if left - self.delta(held, pool, team) < bar - _EPS:
                         break  # it would take the team below (1 + margin) x its entitlement
 
                     def allowed(s: Scored, cls: PriorityClass = cls, team: str = team,
                                 held: Vector = held, us_v: float = us_v) -> bool:
                         if (s.classified.priority_class is not cls or s.member.team == team
-                                or s.member.cluster_queue != cq
-                                or self.us(pool, s.member.team) >= 1.0):
+                                or s.member.cluster_queue != cq or not under(s)):
                             return False
                         lost = {d: max(held.get(d, 0.0), (s.demand or {}).get(d, 0.0))
                                 for d in {*held, *(s.demand or {})}}
@@ -1542,6 +1592,7 @@ class _Exposer:
                     self.budget[pool] = self.budget_left(pool) - 1
                     covered += _size(held, cap)
                     left -= self.delta(held, pool, team)
+                covered_for[cls] = covered
 
 
 def choose_victims(
@@ -1678,9 +1729,11 @@ def guard_admitted(
                 current = kueue_priority(w, c)
                 old = parse_terms(w.annotations.get(PRIORITY_TERMS_ANNOTATION))
                 if low <= current < best and old.get("state") == _STATE[
-                        victim.exposure.reason] and old.get("for") == ",".join(
-                        victim.exposure.for_teams):
-                    continue  # already exposed to exactly these, at a value that still works
+                        victim.exposure.reason]:
+                    # Already exposed for this reason at a value that still works: its terms'
+                    # `for`/`over` stay as written (which teams may take it is the value's
+                    # work, and Kueue names the one that did when it preempts).
+                    continue
                 out.append(_exposed(m, c, acc, classes, low, victim.exposure, ref))
                 continue
         if c.override is None:
@@ -1986,6 +2039,7 @@ def compute_plan(
         settings = replace(settings, team_weights=MappingProxyType(kueue_weights))
     acc = account(g, snapshot, settings, now, history, memo)
     scored = score_pending(acc, g, snapshot, settings, now, memo)
+    name_reclaimers(scored, acc)
     keep_order(scored, settings)
     hold_behind_preemptors(scored, acc, g, settings)
     pools = preempting_pools(g.queues.values())

@@ -487,3 +487,87 @@ def test_a_taker_is_written_one_point_higher_while_it_may_take() -> None:
     assert value(on, "team-b/b0") == value(off, "team-b/b0") + 1
     assert next(d.terms for d in on.decisions if d.key == "team-b/b0").endswith(
         " preempts=team-a")
+
+
+def _three_teams(a: int, b: int, c: int) -> list[Workload]:
+    """30 GPUs, three teams of weight 1 (10 each), every GPU held: team-a holds `a` (started
+    2 h ago and later), team-b `b` and team-c `c` (both running an hour)."""
+    return [*_hog(a), *(running(f"b-run{i}", "team-b", HOUR) for i in range(b)),
+            *(running(f"c-run{i}", "team-c", HOUR) for i in range(c))]
+
+
+THREE = ("team-a", "team-b", "team-c")
+
+
+def test_a_taker_counts_while_its_team_with_the_work_ahead_of_it_is_below_entitlement() -> None:
+    """Progressive filling: team-b (4 of its 10) waits with ten 1-GPU Workloads; the first six
+    would each start while the team is below its entitlement, the seventh would start at it.
+    team-a (20, 2.0x) could lose 8 before its margin, but only six are exposed."""
+    items = [*_three_teams(20, 4, 6), *(waiting(f"b{i}", "team-b", wait=600 - i)
+                                        for i in range(10))]
+    _, plan = plan_of(items, RECLAIM, cq=queue(30), teams=THREE)
+    assert set(exposed(plan)) == {f"team-a/a{i}" for i in range(14, 20)}
+    # With four GPUs running instead of eight, only two more reach its entitlement.
+    more = [*_three_teams(20, 8, 2), *(waiting(f"b{i}", "team-b", wait=600 - i)
+                                       for i in range(10))]
+    _, plan = plan_of(more, RECLAIM, cq=queue(30), teams=THREE)
+    assert set(exposed(plan)) == {"team-a/a19", "team-a/a18"}
+
+
+def test_victims_for_the_same_waiting_work_come_from_the_most_over_team_alone() -> None:
+    """team-a (15) and team-c (13) are both above 1.2x; team-b's two waiting Workloads need
+    two GPUs, which team-a, the further above its entitlement, yields alone."""
+    items = [*_three_teams(15, 2, 13), waiting("b0", "team-b"), waiting("b1", "team-b")]
+    _, plan = plan_of(items, RECLAIM, cq=queue(30), teams=THREE)
+    assert set(exposed(plan)) == {"team-a/a14", "team-a/a13"}
+    # what the most-over team cannot yield before its margin comes from the next one:
+    # team-c (14, 1.4x) can lose two, team-a (13, 1.3x) one; team-b's Workload needs three
+    items = [*_three_teams(13, 3, 14), waiting("b0", "team-b", gpus=3)]
+    _, plan = plan_of(items, RECLAIM, cq=queue(30), teams=THREE)
+    victims = sorted(exposed(plan))
+    assert [k.split("/")[0] for k in victims] == ["team-a", "team-c", "team-c"], victims
+    assert victims[0] == "team-a/a12"
+
+
+def test_an_exposure_that_still_works_is_not_rewritten_when_its_takers_change() -> None:
+    """The exposure's `for=`/`over=` are as of its write: another team starting to wait (or
+    the victim team's usage moving) rewrites nothing while the written value still works."""
+    items = [*_three_teams(20, 4, 6), waiting("b0", "team-b")]
+    snap, plan = plan_of(items, RECLAIM, cq=queue(30), teams=THREE)
+    (victim,) = exposed(plan)
+    applied = written(snap, plan, boost=True)
+    later = [*applied.workloads, waiting("c0", "team-c", wait=30)]
+    snap2 = snapshot(later, cq=queue(30), teams=THREE)
+    replan = compute_plan(snap2, RECLAIM, NOW)
+    carried = next(w for w in snap2.workloads if w.key == victim)
+    d = next((x for x in replan.decisions if x.key == victim), None)
+    assert d is None or (d.terms == carried.annotations[PRIORITY_TERMS_ANNOTATION]
+                         and victim not in rewritten(snap2, replan))
+    # the takers did change: unwritten, the same cluster exposes it for both teams
+    fresh = [replace(w, annotations={k: v for k, v in w.annotations.items()
+                                     if k != PRIORITY_TERMS_ANNOTATION})
+             if w.key == victim else w for w in later]
+    d = exposed(compute_plan(snapshot(fresh, cq=queue(30), teams=THREE), RECLAIM, NOW))[victim]
+    assert d.breakdown is not None and d.breakdown.exposure is not None
+    assert set(d.breakdown.exposure.for_teams) == {"team-b", "team-c"}
+
+
+def test_reclaimed_for_names_the_team_kueue_preempted_it_for() -> None:
+    """Kueue's Preempted condition names the preemptor's UID: the requeued victim's terms name
+    that Workload's team, not the teams its exposure was written for."""
+    items = [*_three_teams(20, 4, 6), waiting("b0", "team-b")]
+    _, plan = plan_of(items, RECLAIM, cq=queue(30), teams=THREE)
+    (victim,) = exposed(plan).values()
+    name = victim.key.split("/")[1]
+    taker = running("c-new", "team-c", 0)
+    requeued = replace(waiting(name, "team-a", wait=0), preempted_at=NOW, last_eviction=NOW,
+                       evicted=True, preempted_for=taker.uid,
+                       annotations={PRIORITY_TERMS_ANNOTATION: victim.terms})
+    rest = [w for w in items if w.key not in (victim.key, "team-b/b0")]
+    _, replan = plan_of([*rest, taker, requeued], RECLAIM, cq=queue(31), teams=THREE)
+    terms = next(d.terms for d in replan.decisions if d.key == victim.key)
+    assert terms.endswith(" reclaimed-for=team-c"), terms
+    # the preemptor gone from the snapshot: the exposure's own list
+    _, replan = plan_of([*rest, requeued], RECLAIM, cq=queue(30), teams=THREE)
+    terms = next(d.terms for d in replan.decisions if d.key == victim.key)
+    assert terms.endswith(" reclaimed-for=team-b"), terms
