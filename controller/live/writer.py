@@ -3,7 +3,9 @@
 * HAMi (Job template) writes go first: a template change can make Kueue rebuild a Workload's
   spec; the priority written after it then sticks.
 * Priority writes go in the order Kueue will use them (`controller.plan.head_first`), at most
-  WRITE_BUDGET per cycle; the rest wait for the next cycle (re-planned then).
+  WRITE_BUDGET per cycle; the rest wait for the next cycle (re-planned then). Within one
+  ClusterQueue pending Workloads' writes land in that order, one after another (`pending_queue`);
+  ClusterQueues are written side by side.
 * A pending Workload that still carries a value written while it was admitted (a guard or
   an exposure: Kueue evicted it since) is lowered first, and those writes finish before any
   other priority write: the plan counted it at its new value only (`policy.threat_value`).
@@ -56,6 +58,15 @@ def order_writes(changes: list[Change], plan: Plan) -> list[Change]:
     return lowerings + [c for c in ordered if not is_lowering(c)]
 
 
+def pending_queue(change: Change) -> str | None:
+    """The chain a pending Workload's write goes in: its ClusterQueue's. Kueue moves a
+    Workload whose value changed out of its parked ones and tries it at once, so if a deeper
+    position's write landed before the head's while quota is free, Kueue would admit the
+    deeper one: within one ClusterQueue the writes land in the plan's order."""
+    d = change.decision
+    return None if d.admitted or d.cluster_queue is None else d.cluster_queue
+
+
 def is_lowering(change: Change) -> bool:
     """A pending Workload's write that lowers a value written while it was admitted."""
     return change.what == PRIORITY and lowers_admitted_value(change.decision, change.old_terms)
@@ -102,7 +113,7 @@ class CycleWriter:
                 self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
         report = ApplyReport(
             self.applier.apply(hami, after).outcomes + first
-            + self.applier.apply(raises, after).outcomes
+            + self.applier.apply(raises, after, chain=pending_queue).outcomes
             + [Outcome(c, DEFERRED) for c in [*held, *over]]
         )
         if not self._stopping():

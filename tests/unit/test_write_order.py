@@ -9,8 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.domain import PriorityClass
+from controller.live.api import WORKLOADS
+from controller.live.diff import diff_priority
+from controller.live.writer import pending_queue
 from controller.plan import (
     PriorityBreakdown,
+    PriorityMode,
     WorkloadDecision,
     current_positions,
     head_first,
@@ -152,3 +156,14 @@ def test_pending_writes_go_by_slot(
     slots = [min(d.rank, current[d.key])
              for d in head_first(writes, lambda d: d, plan) if not d.admitted]
     assert slots == sorted(slots)
+
+
+def test_a_queues_pending_writes_share_one_chain_guards_none() -> None:
+    """The writer sends a ClusterQueue's pending writes one after another (the applier's
+    chain), so they land in the head-first order; admitted Workloads' guards, sent before
+    them and waited for, are not chained."""
+    plan = [*queue("a", 2), *queue("b", 1), dec("g", "a", 0, admitted=True, target=5)]
+    wl = {"metadata": {"name": "x", "namespace": "ns"}, "spec": {"priority": 0}}
+    chains = [pending_queue(c) for d in plan
+              if (c := diff_priority(d, wl, WORKLOADS, PriorityMode.SPEC)) is not None]
+    assert chains == ["a", "a", "b", None]
