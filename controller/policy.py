@@ -1154,10 +1154,15 @@ def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
     ClusterQueue's sticky head until admitted (with BestEffortFIFO): Kueue admits it as soon
     as its victims' quota frees, with the value it carries then, whatever the order of the
     others. In a ClusterQueue that preempts within itself by priority, no other pending
-    Workload of its team and class is written above that value (the one it carries, or its
-    target if lower: it may be admitted with either): raised past it, that Workload would
-    preempt it the moment it is admitted and take its place - a swap inside one team that
-    serves no one. The held Workload's terms say `behind=<the preemptor's name>`; it rises
+    Workload of its team whose class may not preempt it once admitted (its own class, and
+    approved work behind a normal head unless APPROVED_PREEMPTS_NORMAL: `_protected_from`) is
+    written above that value (the one it carries, or its target if lower: it may be admitted
+    with either): raised past it, that Workload would preempt it the moment it is admitted,
+    before its guard can land, and take its place - a swap inside one team that serves no
+    one. Kueue picks its preemptor by the values it sees, so a normal Workload can become the
+    head while an approved one of its team still carries Kueue's default value (the first
+    values of both not yet written). The held Workload's terms say
+    `behind=<the preemptor's name>`; it rises
     once the preemptor carries its own value or is admitted (and guarded). A victim's name
     goes stale once the named Workload is admitted: evicted again since (its own eviction at
     or after the victim's), it is an ordinary pending Workload. Across teams the values
@@ -1172,7 +1177,7 @@ def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
         if w.evicted and w.preempted_for:
             key, when = (m.pool, w.preempted_for), w.last_eviction
             named[key] = when if key not in named else _latest(named[key], when)
-    heads: dict[tuple[str, str, PriorityClass], list[Scored]] = {}
+    heads: dict[tuple[str, str], list[Scored]] = {}
     for s in scored:
         m = s.member
         w = m.workload
@@ -1185,17 +1190,19 @@ def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
         if cq is not None \
                 and cq.queueing_strategy == "BestEffortFIFO" \
                 and cq.preemption.within_cluster_queue != "Never":
-            heads.setdefault((cq.name, m.team, s.classified.priority_class), []).append(s)
+            heads.setdefault((cq.name, m.team), []).append(s)
     if not heads:
         return
+    protected = _protected_from(settings)
     levels = settings.fairness_levels
     for i, s in enumerate(scored):
         b, m = s.breakdown, s.member
         if b is None or s.classified.override is not None or m.cluster_queue is None:
             continue
+        cls = s.classified.priority_class
         ahead = [(min(kueue_priority(h.member.workload, h.classified), h.target),
-                  h.member.workload.name) for h in heads.get(
-                      (m.cluster_queue, m.team, s.classified.priority_class), ()) if h is not s]
+                  h.member.workload.name) for h in heads.get((m.cluster_queue, m.team), ())
+                 if h is not s and cls in protected[h.classified.priority_class]]
         if not ahead:
             continue
         cap, name = min(ahead)
