@@ -1188,9 +1188,9 @@ def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
     written above that value (the one it carries, or its target if lower: it may be admitted
     with either): raised past it, that Workload would preempt it the moment it is admitted,
     before its guard can land, and take its place - a swap inside one team that serves no
-    one. Kueue picks its preemptor by the values it sees, so a normal Workload can become the
-    head while an approved one of its team still carries Kueue's default value (the first
-    values of both not yet written). The held Workload's terms say
+    one. Kueue picks its preemptor by the values it sees and among the Workloads it has not
+    parked, so a normal Workload can become the head while an approved one of its team, parked
+    or still at Kueue's default value, waits. The held Workload's terms say
     `behind=<the preemptor's name>`; it rises
     once the preemptor carries its own value or is admitted (and guarded). A victim's name
     goes stale once the named Workload is admitted: evicted again since (its own eviction at
