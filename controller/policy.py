@@ -1070,7 +1070,8 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
     value, so a level that moves without changing the order costs no write - the head of a
     queue rising further, a Workload alone in its band, a team's Workloads that move together
     past no one. Of the Workloads that could keep their value, the most that can together
-    (`_most_kept`) do.
+    (`_most_kept`) do, none of them above a Workload of its ClusterQueue whose priority is
+    written (`_kept_above_writes`).
 
     With KUEUE_FAIR_SHARING the order kept exact is each ClusterQueue's own (Workloads with
     no ClusterQueue: their pool's): across the ClusterQueues of a cohort Kueue then orders
@@ -1110,11 +1111,14 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
                         for s in members), key=itemgetter(0))
         fresh = [k for k, _s in keyed]
         now: dict[int, OrderKey] = {}
+        moved: set[int] = set()  # written whatever is kept: their priority changes
         for i, (k, s) in enumerate(keyed):
             found = candidates.get(id(s))
             if found is not None:
                 now[i] = (-found[0], k[1], k[2])
-        for i in _most_kept(fresh, now):
+            elif s.target != kueue_priority(s.member.workload, s.classified):
+                moved.add(i)
+        for i in _kept_above_writes(keyed, fresh, now, moved):
             s = keyed[i][1]
             current, terms = candidates[id(s)]
             b = s.breakdown
@@ -1128,6 +1132,31 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
                 breakdown=replace(b, priority=current, fairness_level=s.previous,
                                   fairness_term=level_points(s.previous, settings),
                                   clamped=clamped))
+
+
+
+def _kept_above_writes(keyed: list[tuple[OrderKey, Scored]], fresh: list[OrderKey],
+                       now: Mapping[int, OrderKey], moved: set[int]) -> set[int]:
+    """`_most_kept`, less every position with a Workload below it in its own ClusterQueue whose
+    priority is written (`moved`, or a candidate not kept), and again until none is left.
+    With BestEffortFIFO Kueue parks the Workloads it could not admit and tries them again a
+    second after quota is released; a written one leaves the parked ones at once. A head kept
+    while a deeper Workload of its queue is written (its team's level rose after a release,
+    and only the deeper one passes someone) would stay parked while Kueue admits the deeper
+    one; written too, it lands first (`controller.live.writer.landing_order`)."""
+    now = dict(now)
+    while True:
+        kept = _most_kept(fresh, now)
+        lowest: dict[str, int] = {}  # per ClusterQueue, the lowest position written
+        for i, (_k, s) in enumerate(keyed):
+            cq = s.member.cluster_queue
+            if cq is not None and (i in moved or (i in now and i not in kept)):
+                lowest[cq] = i
+        above = [i for i in kept if i < lowest.get(keyed[i][1].member.cluster_queue or "", -1)]
+        if not above:
+            return kept
+        for i in above:
+            del now[i]
 
 
 _PREEMPTED_FOR = attrgetter("preempted_for")
@@ -1186,10 +1215,15 @@ def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
     ClusterQueue's sticky head until admitted (with BestEffortFIFO): Kueue admits it as soon
     as its victims' quota frees, with the value it carries then, whatever the order of the
     others. In a ClusterQueue that preempts within itself by priority, no other pending
-    Workload of its team and class is written above that value (the one it carries, or its
-    target if lower: it may be admitted with either): raised past it, that Workload would
-    preempt it the moment it is admitted and take its place - a swap inside one team that
-    serves no one. The held Workload's terms say `behind=<the preemptor's name>`; it rises
+    Workload of its team whose class may not preempt it once admitted (its own class, and
+    approved work behind a normal head unless APPROVED_PREEMPTS_NORMAL: `_protected_from`) is
+    written above that value (the one it carries, or its target if lower: it may be admitted
+    with either): raised past it, that Workload would preempt it the moment it is admitted,
+    before its guard can land, and take its place - a swap inside one team that serves no
+    one. Kueue picks its preemptor by the values it sees and among the Workloads it has not
+    parked, so a normal Workload can become the head while an approved one of its team, parked
+    or still at Kueue's default value, waits. The held Workload's terms say
+    `behind=<the preemptor's name>`; it rises
     once the preemptor carries its own value or is admitted (and guarded). A victim's name
     goes stale once the named Workload is admitted: evicted again since (its own eviction at
     or after the victim's), it is an ordinary pending Workload. Across teams the values
@@ -1204,7 +1238,7 @@ def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
         if w.evicted and w.preempted_for:
             key, when = (m.pool, w.preempted_for), w.last_eviction
             named[key] = when if key not in named else _latest(named[key], when)
-    heads: dict[tuple[str, str, PriorityClass], list[Scored]] = {}
+    heads: dict[tuple[str, str], list[Scored]] = {}
     for s in scored:
         m = s.member
         w = m.workload
@@ -1217,17 +1251,19 @@ def hold_behind_preemptors(scored: list[Scored], acc: Accounts, g: Gathered,
         if cq is not None \
                 and cq.queueing_strategy == "BestEffortFIFO" \
                 and cq.preemption.within_cluster_queue != "Never":
-            heads.setdefault((cq.name, m.team, s.classified.priority_class), []).append(s)
+            heads.setdefault((cq.name, m.team), []).append(s)
     if not heads:
         return
+    protected = _protected_from(settings)
     levels = settings.fairness_levels
     for i, s in enumerate(scored):
         b, m = s.breakdown, s.member
         if b is None or s.classified.override is not None or m.cluster_queue is None:
             continue
+        cls = s.classified.priority_class
         ahead = [(min(kueue_priority(h.member.workload, h.classified), h.target),
-                  h.member.workload.name) for h in heads.get(
-                      (m.cluster_queue, m.team, s.classified.priority_class), ()) if h is not s]
+                  h.member.workload.name) for h in heads.get((m.cluster_queue, m.team), ())
+                 if h is not s and cls in protected[h.classified.priority_class]]
         if not ahead:
             continue
         cap, name = min(ahead)

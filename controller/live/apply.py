@@ -152,10 +152,14 @@ class Applier:
             return uid in self.fraction_refused
 
     def apply(
-        self, changes: Sequence[Change], on_outcome: OutcomeHook | None = None
+        self, changes: Sequence[Change], on_outcome: OutcomeHook | None = None,
+        chain: Callable[[Change], str | None] | None = None,
     ) -> ApplyReport:
         """Send every change (in `workers` threads); `on_outcome` runs after each one, in
-        the same thread (e.g. to emit its Event)."""
+        the same thread (e.g. to emit its Event). Changes with the same `chain` key are sent
+        one after another in the order given (each once the one before has its outcome);
+        chains, and changes whose key is None, run side by side. Outcomes come in the order
+        of `changes`."""
         state = _CycleState(self._retry_budget)
 
         def one(change: Change) -> Outcome:
@@ -180,8 +184,25 @@ class Applier:
 
         if self._workers == 1 or len(changes) < 2:
             return ApplyReport([one(c) for c in changes])
+        tasks: list[list[int]] = []
+        chained: dict[str, list[int]] = {}
+        for i, c in enumerate(changes):
+            key = chain(c) if chain is not None else None
+            if key is None:
+                tasks.append([i])
+            elif key in chained:
+                chained[key].append(i)
+            else:
+                tasks.append(chained.setdefault(key, [i]))
+        outcomes: list[Outcome | None] = [None] * len(changes)
+
+        def run(task: list[int]) -> None:
+            for i in task:
+                outcomes[i] = one(changes[i])
+
         with ThreadPoolExecutor(self._workers, thread_name_prefix="apply") as pool:
-            return ApplyReport(list(pool.map(one, changes)))
+            list(pool.map(run, tasks))
+        return ApplyReport([o for o in outcomes if o is not None])
 
     def _apply_one(self, change: Change, state: _CycleState) -> Outcome:
         backoff = self._new_backoff()

@@ -3,7 +3,10 @@
 * HAMi (Job template) writes go first: a template change can make Kueue rebuild a Workload's
   spec; the priority written after it then sticks.
 * Priority writes go in the order Kueue will use them (`controller.plan.head_first`), at most
-  WRITE_BUDGET per cycle; the rest wait for the next cycle (re-planned then).
+  WRITE_BUDGET per cycle; the rest wait for the next cycle (re-planned then). Within one
+  ClusterQueue the pending Workloads' writes of a cycle land one after another in the plan's
+  order, the head first (`pending_queue`, `landing_order`); ClusterQueues are written side by
+  side.
 * A pending Workload that still carries a value written while it was admitted (a guard or
   an exposure: Kueue evicted it since) is lowered first, and those writes finish before any
   other priority write: the plan counted it at its new value only (`policy.threat_value`).
@@ -56,6 +59,25 @@ def order_writes(changes: list[Change], plan: Plan) -> list[Change]:
     return lowerings + [c for c in ordered if not is_lowering(c)]
 
 
+def pending_queue(change: Change) -> str | None:
+    """The chain a pending Workload's write goes in: its ClusterQueue's. Kueue (BestEffortFIFO)
+    parks the pending Workloads it could not admit and tries them again only in a batch, one
+    second after quota is released; a Workload whose value changes leaves the parked ones at
+    once. A deeper position's write landing before the head's in that second would let Kueue
+    admit the deeper one alone, so within one ClusterQueue the writes land one at a time."""
+    d = change.decision
+    return None if d.admitted or d.cluster_queue is None else d.cluster_queue
+
+
+def landing_order(changes: list[Change]) -> list[Change]:
+    """Pending writes in the plan's order of each ClusterQueue (`rank`), the order their chains
+    send them in. Not `head_first`'s slots: a demotion of Kueue's current head shares slot 0
+    with the raise of the plan's head, and landing first it would put the demoted Workload
+    into Kueue's heap while the plan's head is still parked. In the plan's order each write
+    that lands is below every one that landed before it in its queue."""
+    return sorted(changes, key=lambda c: c.decision.rank)
+
+
 def is_lowering(change: Change) -> bool:
     """A pending Workload's write that lowers a value written while it was admitted."""
     return change.what == PRIORITY and lowers_admitted_value(change.decision, change.old_terms)
@@ -102,7 +124,7 @@ class CycleWriter:
                 self.metrics.patches.labels(c.ref.kind, DEFERRED).inc()
         report = ApplyReport(
             self.applier.apply(hami, after).outcomes + first
-            + self.applier.apply(raises, after).outcomes
+            + self.applier.apply(landing_order(raises), after, chain=pending_queue).outcomes
             + [Outcome(c, DEFERRED) for c in [*held, *over]]
         )
         if not self._stopping():

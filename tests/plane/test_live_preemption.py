@@ -135,9 +135,12 @@ def test_no_same_class_preemption_urgent_preempts_and_no_ping_pong(
             same_class = [(v, cls_of.get(p), key_of.get(p, p)) for v, p, _ in by_priority
                           if cls_of.get(p) == victims_cls.get(v)]
             assert not same_class, f"same-class preemptions by priority: {same_class}"
-            approved_over_normal = [(v, p) for v, p, _ in by_priority
+            approved_over_normal = [(v, key_of.get(p, p)) for v, p, _ in by_priority
                                     if cls_of.get(p) == "approved"]
-            assert not approved_over_normal, approved_over_normal
+            assert not approved_over_normal, (
+                f"preempted by approved work: {approved_over_normal}; every preemption "
+                f"(victim, preemptor, reason): "
+                f"{[(v, key_of.get(p, p), r) for v, p, r in preemptions]}")
             urgent_over_normal = [(v, p) for v, p, _ in by_priority
                                   if cls_of.get(p) == "urgent" and victims_cls.get(v) == "normal"]
             assert len(urgent_over_normal) >= 2, (preemptions, urgent_over_normal)

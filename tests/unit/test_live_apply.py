@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -286,6 +287,48 @@ def test_concurrent_workers_apply_everything_and_report_each_outcome() -> None:
     assert [o.change.ref.name for o in report.outcomes] == [f"w{i}" for i in range(20)]
     assert report.counts() == {APPLIED: 19, FAILED: 1}
     assert sorted(seen) == sorted(o.result for o in report.outcomes)
+
+
+class _SlowFirst(FakeApi):
+    """Each PATCH of workload wN takes longer the smaller N is, so that sent side by side
+    the later ones land first; `landed` is the order they were stored in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.landed: list[str] = []
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        if method.upper() == "PATCH":
+            n = int(path.rsplit("/w", 1)[1])
+            time.sleep(0.1 * (6 - n))
+        out = super().request(method, path, **kw)
+        if method.upper() == "PATCH":
+            self.landed.append(path.rsplit("/", 1)[1])
+        return out
+
+
+@pytest.mark.parametrize("chained", [True, False])
+def test_a_chain_lands_in_order_while_other_changes_go_side_by_side(chained: bool) -> None:
+    """Writes with one chain key (the writer's: a ClusterQueue's pending Workloads) land one
+    after another in the order given; unchained, the same writes land as they finish."""
+    api = _SlowFirst()
+    changes = []
+    for i in range(6):
+        c = diff_priority(decision(f"w{i}"), seed(api, f"w{i}"), WORKLOADS, PriorityMode.BOOST)
+        assert c is not None
+        changes.append(c)
+    queue = {"w0": "a", "w2": "a", "w4": "a", "w1": "b", "w3": "b"}  # w5: no chain
+    report = Applier(api, Metrics(), workers=6).apply(
+        changes, chain=(lambda c: queue.get(c.ref.name)) if chained else None)
+    assert [o.change.ref.name for o in report.outcomes] == [f"w{i}" for i in range(6)]
+    assert report.counts() == {APPLIED: 6}
+    in_a = [n for n in api.landed if queue.get(n) == "a"]
+    in_b = [n for n in api.landed if queue.get(n) == "b"]
+    if chained:
+        assert (in_a, in_b) == (["w0", "w2", "w4"], ["w1", "w3"])
+        assert api.landed.index("w5") < api.landed.index("w4")  # not behind a chain
+    else:
+        assert in_a == ["w4", "w2", "w0"]  # what the chain prevents
 
 
 def test_a_conflict_gives_no_event_a_failed_write_does() -> None:

@@ -1,7 +1,8 @@
 """A pending Workload that Kueue has evicted another for is its ClusterQueue's sticky head
 (BestEffortFIFO): Kueue admits it as soon as its victim's quota frees, with the value it
-carries then. No other pending Workload of its team and class in that ClusterQueue is written
-above that value: raised past it, it would preempt the head the moment it is admitted
+carries then. No other pending Workload of its team and class (nor, behind a normal head,
+approved work of its team) in that ClusterQueue is written above that value: raised past it,
+it would preempt the head the moment it is admitted
 (`withinClusterQueue: LowerPriority`) - a swap inside one team. The case found on the real
 plane: two Workloads of one team created in the same second, both still at Kueue's default
 value, Kueue preempting for the one whose UID sorts later (it arrived first); the plan put the
@@ -19,7 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.domain import (
+    APPROVED_ANNOTATION,
     GPU,
+    URGENT_ANNOTATION,
     ClusterQueue,
     ClusterSnapshot,
     KueueApiVersion,
@@ -144,3 +147,31 @@ def test_a_name_goes_stale_once_the_head_was_admitted_and_evicted_again(
     assert got.terms.endswith(" behind=z-head") is held
     if not held:
         assert value(got) == value(pending(compute_plan(unnamed, S, NOW))["team-a/a-new"])
+
+
+def test_approved_work_of_the_team_is_held_at_a_normal_heads_value() -> None:
+    """Kueue picked a normal Workload as its preemptor while an approved one of its team still
+    carried Kueue's default value (neither first value written yet). Raised into the approved
+    band, the approved one would preempt the head the moment Kueue admits it, before its guard
+    could land (approved may not preempt normal work). It is held at the head's value instead;
+    urgent work, which may preempt normal work, and another team's approved work are not. The
+    case seen on the plane: test_live_preemption's approved-over-normal check."""
+    approved, urgent = {APPROVED_ANNOTATION: "true"}, {URGENT_ANNOTATION: "true"}
+    x = wl("n-head", wait=30.0)
+    items = [wl("l-run", wait=600, admitted=True),
+             wl("h-run", "team-b", wait=600, admitted=True), x,
+             wl("a-appr", wait=31.0, annotations=approved),
+             wl("u-urgent", wait=29.0, annotations=urgent),
+             wl("b-appr", "team-b", wait=31.0, annotations=approved)]
+    snap = snapshot([*items, victim_of(x)], cq=queue())
+    unnamed = snapshot([*items, victim_of(None)], cq=queue())
+    got, before = pending(compute_plan(snap, S, NOW)), pending(compute_plan(unnamed, S, NOW))
+    assert before["team-a/a-appr"].target_priority > before[x.key].target_priority
+    held = got["team-a/a-appr"]
+    assert held.target_priority == carried(x) == 0  # the head carries 0 until its write lands
+    assert held.terms.endswith(" behind=n-head"), held.terms
+    for key in (x.key, "team-a/u-urgent", "team-b/b-appr"):
+        assert value(got[key]) == value(before[key]), key
+    # Once the head carries its value, the approved one may rise to it, not past it.
+    raised = pending(compute_plan(written(snap, compute_plan(snap, S, NOW), boost=True), S, NOW))
+    assert 0 < raised["team-a/a-appr"].target_priority <= raised[x.key].target_priority

@@ -3,20 +3,30 @@ ClusterQueue's current order already is the plan's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.domain import PriorityClass
+from controller.live.api import WORKLOADS, ReadOnlyTransport
+from controller.live.apply import APPLIED, Applier, ApplyReport, Outcome, OutcomeHook
+from controller.live.diff import Change, Diff, diff_priority
+from controller.live.events import EventRecorder
+from controller.live.metrics import Metrics
+from controller.live.writer import CycleWriter, landing_order, pending_queue
 from controller.plan import (
+    Plan,
     PriorityBreakdown,
+    PriorityMode,
     WorkloadDecision,
     current_positions,
     head_first,
     pool_of,
     positions_right,
 )
+from tests.support.fake import FakeApi
 
 T0 = datetime(2026, 1, 5, tzinfo=UTC)
 
@@ -152,3 +162,58 @@ def test_pending_writes_go_by_slot(
     slots = [min(d.rank, current[d.key])
              for d in head_first(writes, lambda d: d, plan) if not d.admitted]
     assert slots == sorted(slots)
+
+
+def test_a_queues_pending_writes_share_one_chain_guards_none() -> None:
+    """The writer sends a ClusterQueue's pending writes one after another (the applier's
+    chain), so they land in the plan's order; admitted Workloads' guards, sent before them
+    and waited for, are not chained."""
+    plan = [*queue("a", 2), *queue("b", 1), dec("g", "a", 0, admitted=True, target=5)]
+    wl = {"metadata": {"name": "x", "namespace": "ns"}, "spec": {"priority": 0}}
+    chains = [pending_queue(c) for d in plan
+              if (c := diff_priority(d, wl, WORKLOADS, PriorityMode.SPEC)) is not None]
+    assert chains == ["a", "a", "b", None]
+
+
+def _changes(plan: list[WorkloadDecision]) -> list[Change]:
+    wl = {"metadata": {"name": "x", "namespace": "ns"}, "spec": {"priority": 0}}
+    return [c for d in plan if (c := diff_priority(d, wl, WORKLOADS, PriorityMode.SPEC))]
+
+
+def test_a_queues_writes_land_in_the_plans_order_not_by_slot() -> None:
+    """The budget takes writes by slot, where Kueue's current head (a2 here: the plan's last,
+    created first) shares slot 0 with the plan's head; landing in that order, a2 would reach
+    Kueue's heap while a1, above it in the plan, was still parked."""
+    plan = queue("a", 3) + queue("b", 2)
+    by_slot = head_first(_changes(plan), lambda c: c.decision, plan)
+    assert [c.decision.key for c in by_slot] == ["a0", "a2", "b0", "b1", "a1"]
+    landed = landing_order(by_slot)
+    assert [c.decision.key for c in landed if pending_queue(c) == "a"] == ["a0", "a1", "a2"]
+    assert [c.decision.key for c in landed if pending_queue(c) == "b"] == ["b0", "b1"]
+
+
+class _Recording(Applier):
+    """Records what each `apply` is given, in order, and whether it chains."""
+
+    def __init__(self) -> None:
+        super().__init__(FakeApi(), Metrics())
+        self.calls: list[tuple[list[str], bool]] = []
+
+    def apply(self, changes: Sequence[Change], on_outcome: OutcomeHook | None = None,
+              chain: Callable[[Change], str | None] | None = None) -> ApplyReport:
+        self.calls.append(([c.decision.key for c in changes], chain is not None))
+        return ApplyReport([Outcome(c, APPLIED) for c in changes])
+
+
+def test_the_writer_sends_guards_then_each_queues_writes_chained_in_the_plans_order() -> None:
+    plan = [*queue("a", 3, pool="p"), *queue("b", 2, pool="p"),
+            dec("g", "a", -1, pool="p", admitted=True, target=5000)]
+    applier = _Recording()
+    writer = CycleWriter(applier, EventRecorder(ReadOnlyTransport(FakeApi()), Metrics(), 60.0),
+                         Metrics(), budget=100, stopping=lambda: False)
+    report = writer.write(Plan(now=T0, decisions=tuple(plan)), Diff(tuple(_changes(plan))), {})
+    assert report.counts() == {APPLIED: 6}
+    # the guard is sent and waited for first (then the HAMi writes: none); the pending writes
+    # go in one chained call, each queue's in its plan order (a0 a1 a2, b0 b1)
+    assert applier.calls == [(["g"], False), ([], False),
+                             (["a0", "b0", "b1", "a1", "a2"], True)]
