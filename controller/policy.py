@@ -1070,8 +1070,7 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
     value, so a level that moves without changing the order costs no write - the head of a
     queue rising further, a Workload alone in its band, a team's Workloads that move together
     past no one. Of the Workloads that could keep their value, the most that can together
-    (`_most_kept`) do, none of them above a Workload of its ClusterQueue whose priority is
-    written (`_kept_above_writes`).
+    (`_most_kept`) do.
 
     With KUEUE_FAIR_SHARING the order kept exact is each ClusterQueue's own (Workloads with
     no ClusterQueue: their pool's): across the ClusterQueues of a cohort Kueue then orders
@@ -1111,14 +1110,11 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
                         for s in members), key=itemgetter(0))
         fresh = [k for k, _s in keyed]
         now: dict[int, OrderKey] = {}
-        moved: set[int] = set()  # written whatever is kept: their priority changes
         for i, (k, s) in enumerate(keyed):
             found = candidates.get(id(s))
             if found is not None:
                 now[i] = (-found[0], k[1], k[2])
-            elif s.target != kueue_priority(s.member.workload, s.classified):
-                moved.add(i)
-        for i in _kept_above_writes(keyed, fresh, now, moved):
+        for i in _most_kept(fresh, now):
             s = keyed[i][1]
             current, terms = candidates[id(s)]
             b = s.breakdown
@@ -1132,31 +1128,6 @@ def keep_order(scored: list[Scored], settings: PolicySettings) -> None:
                 breakdown=replace(b, priority=current, fairness_level=s.previous,
                                   fairness_term=level_points(s.previous, settings),
                                   clamped=clamped))
-
-
-
-def _kept_above_writes(keyed: list[tuple[OrderKey, Scored]], fresh: list[OrderKey],
-                       now: Mapping[int, OrderKey], moved: set[int]) -> set[int]:
-    """`_most_kept`, less every position with a Workload below it in its own ClusterQueue whose
-    priority is written (`moved`, or a candidate not kept), and again until none is left.
-    With BestEffortFIFO Kueue parks the Workloads it could not admit and tries them again a
-    second after quota is released; a written one leaves the parked ones at once. A head kept
-    while a deeper Workload of its queue is written (its team's level rose after a release,
-    and only the deeper one passes someone) would stay parked while Kueue admits the deeper
-    one; written too, it lands first (`controller.live.writer.landing_order`)."""
-    now = dict(now)
-    while True:
-        kept = _most_kept(fresh, now)
-        lowest: dict[str, int] = {}  # per ClusterQueue, the lowest position written
-        for i, (_k, s) in enumerate(keyed):
-            cq = s.member.cluster_queue
-            if cq is not None and (i in moved or (i in now and i not in kept)):
-                lowest[cq] = i
-        above = [i for i in kept if i < lowest.get(keyed[i][1].member.cluster_queue or "", -1)]
-        if not above:
-            return kept
-        for i in above:
-            del now[i]
 
 
 _PREEMPTED_FOR = attrgetter("preempted_for")

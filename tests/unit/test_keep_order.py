@@ -170,23 +170,3 @@ def test_a_memoised_team_keeps_no_level_the_order_no_longer_allows() -> None:
             assert plan == compute_plan(snap3, S, NOW), (team, wait)
             rewritten.append("team-a/a" in pending_writes(snap3, plan))
     assert any(rewritten)  # some newcomers land between A's kept and fresh values
-
-
-def test_a_head_above_a_written_workload_of_its_queue_is_written_too() -> None:
-    """Team A's head leads by far; A's Jobs finish, its level rises, and only A's deeper
-    Workloads pass team B's: alone they would be written while the head keeps its value. Kueue
-    would then try the written ones at once and leave the head parked until its batched
-    requeue, a second after the release: the head is written too, so it lands first."""
-    pend = [wl("a1", "team-a", wait=80000), wl("b1", "team-b", wait=7000),
-            wl("a2", "team-a", wait=6900), wl("a3", "team-a", wait=6800)]
-    snap1 = snapshot([*running("team-a", 6, "r"), *running("team-b", 6, "r"), *pend],
-                     gpus=16, teams=("team-a", "team-b"))
-    carried = written(snap1, compute_plan(snap1, S, NOW), boost=True)
-    assert kueue_order(compute_plan(carried, S, NOW)) == [
-        "team-a/a1", "team-b/b1", "team-a/a2", "team-a/a3"]
-    gone = {"team-a/r0", "team-a/r1", "team-a/r2"}
-    snap2 = replace(carried, workloads=tuple(w for w in carried.workloads if w.key not in gone))
-    plan = compute_plan(snap2, S, NOW)
-    assert kueue_order(plan) == kueue_order(fresh(snap2)) == [
-        "team-a/a1", "team-a/a2", "team-a/a3", "team-b/b1"]
-    assert pending_writes(snap2, plan) == ["team-a/a1", "team-a/a2", "team-a/a3"]
